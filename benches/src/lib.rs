@@ -1,0 +1,1 @@
+//! Benchmarks of deferfuse live in `benches/` (criterion) and `src/bin/` (the comparison runner).

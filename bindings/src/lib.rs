@@ -1,0 +1,1 @@
+//! The PyTorch binding (its own issue fills this crate).

@@ -1,0 +1,139 @@
+//! The `TORCH_TPU_*` switches and the engine configuration they produce.
+
+use trace_ir::{Error, Result};
+
+/// Selects the eager mode.
+pub const ENV_EAGER_MODE: &str = "TORCH_TPU_EAGER_MODE";
+/// How many ops DeferAndFuse buffers before it flushes on its own.
+pub const ENV_MAX_PENDING_OPS: &str = "TORCH_TPU_MAX_PENDING_OPS";
+/// Which checks Debug mode runs after every op.
+pub const ENV_DEBUG_CHECKS: &str = "TORCH_TPU_DEBUG_CHECKS";
+
+/// The default pending-trace limit: large enough that real programs flush
+/// because they read a value, small enough that an endless op stream stays
+/// bounded in memory.
+pub const DEFAULT_MAX_PENDING_OPS: usize = 4096;
+
+/// The three eager modes of TorchTPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Op by op, asynchronous with the caller (the default).
+    #[default]
+    Strict,
+    /// Op by op, synchronous, every output checked for NaN and Inf.
+    Debug,
+    /// Ops are buffered into a trace and run together when a value is needed.
+    DeferAndFuse,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Strict, Mode::Debug, Mode::DeferAndFuse];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Strict => "strict",
+            Mode::Debug => "debug",
+            Mode::DeferAndFuse => "defer_and_fuse",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = Error;
+    /// Case-insensitive; anything else is an error that lists the valid values.
+    fn from_str(s: &str) -> Result<Mode> {
+        let lower = s.trim().to_ascii_lowercase();
+        Mode::ALL.into_iter().find(|m| m.name() == lower).ok_or_else(|| Error::Config {
+            var: ENV_EAGER_MODE.into(),
+            value: s.into(),
+            valid: "strict, debug, defer_and_fuse (case-insensitive)".into(),
+        })
+    }
+}
+
+/// Which checks Debug mode runs on every float output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebugChecks {
+    pub nan: bool,
+    pub inf: bool,
+}
+
+impl Default for DebugChecks {
+    fn default() -> Self {
+        DebugChecks { nan: true, inf: true }
+    }
+}
+
+impl std::str::FromStr for DebugChecks {
+    type Err = Error;
+    /// A comma list of `nan` and `inf`, or `none`.
+    fn from_str(s: &str) -> Result<DebugChecks> {
+        let mut checks = DebugChecks { nan: false, inf: false };
+        for part in s.split(',').map(|p| p.trim().to_ascii_lowercase()) {
+            match part.as_str() {
+                "nan" => checks.nan = true,
+                "inf" => checks.inf = true,
+                "none" | "" => {}
+                _ => {
+                    return Err(Error::Config {
+                        var: ENV_DEBUG_CHECKS.into(),
+                        value: s.into(),
+                        valid: "a comma list of nan, inf; or none".into(),
+                    })
+                }
+            }
+        }
+        Ok(checks)
+    }
+}
+
+/// Everything a [`crate::Context`] is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub mode: Mode,
+    pub max_pending_ops: usize,
+    pub debug_checks: DebugChecks,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { mode: Mode::Strict, max_pending_ops: DEFAULT_MAX_PENDING_OPS, debug_checks: DebugChecks::default() }
+    }
+}
+
+impl Config {
+    pub fn with_mode(mode: Mode) -> Config {
+        Config { mode, ..Config::default() }
+    }
+
+    /// Reads the `TORCH_TPU_*` variables of this process.
+    pub fn from_env() -> Result<Config> {
+        Config::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the variables through `get`, so tests need not touch the process
+    /// environment (which other threads may be reading).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut config = Config::default();
+        if let Some(v) = get(ENV_EAGER_MODE) {
+            config.mode = v.parse()?;
+        }
+        if let Some(v) = get(ENV_MAX_PENDING_OPS) {
+            config.max_pending_ops = v.trim().parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| Error::Config {
+                var: ENV_MAX_PENDING_OPS.into(),
+                value: v.clone(),
+                valid: "a positive integer".into(),
+            })?;
+        }
+        if let Some(v) = get(ENV_DEBUG_CHECKS) {
+            config.debug_checks = v.parse()?;
+        }
+        Ok(config)
+    }
+}

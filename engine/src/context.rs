@@ -1,0 +1,269 @@
+//! `Context`: one engine instance with its mode, backend, caches and memory
+//! accounting. Several contexts may live on several threads at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use runtime::{Backend, Buffer, CpuBackend, HostData, MemoryStats, MemoryTracker};
+use trace_ir::{Error, Meta, Op, Result, Trace};
+
+use crate::cache::{CacheStats, ProgramCache};
+use crate::config::{Config, Mode};
+use crate::element::Element;
+use crate::pending::PendingTrace;
+use crate::stream::{Job, Stream};
+use crate::tensor::{Cell, Tensor, TensorInner};
+
+pub(crate) struct Shared {
+    pub config: Config,
+    pub backend: Arc<dyn Backend>,
+    cache: Arc<ProgramCache>,
+    /// The Strict stream; absent in the other modes.
+    stream: Option<Stream>,
+    /// The DeferAndFuse pending trace. Its lock also serializes flushes.
+    pending: Mutex<PendingTrace>,
+    ops_recorded: AtomicU64,
+    flushes: AtomicU64,
+}
+
+/// Counters of one context, read through [`Context::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Primitive ops recorded (composites count each primitive they use).
+    pub ops_recorded: u64,
+    /// DeferAndFuse flushes that ran a program.
+    pub flushes: u64,
+    pub cache: CacheStats,
+}
+
+/// An engine instance. Cloning shares it.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Context {
+    /// A context on the native CPU backend.
+    pub fn new(config: Config) -> Result<Context> {
+        let tracker = MemoryTracker::new();
+        Context::with_backend(config, Arc::new(CpuBackend::new(tracker)))
+    }
+
+    /// A context configured by the `TORCH_TPU_*` environment variables.
+    pub fn from_env() -> Result<Context> {
+        Context::new(Config::from_env()?)
+    }
+
+    /// A context in `mode` with default settings otherwise.
+    pub fn with_mode(mode: Mode) -> Result<Context> {
+        Context::new(Config::with_mode(mode))
+    }
+
+    pub fn with_backend(config: Config, backend: Arc<dyn Backend>) -> Result<Context> {
+        let cache = Arc::new(ProgramCache::default());
+        let stream = match config.mode {
+            Mode::Strict => Some(Stream::start(backend.clone(), cache.clone())?),
+            _ => None,
+        };
+        tracing::debug!(mode = %config.mode, backend = backend.name(), "new context");
+        Ok(Context {
+            shared: Arc::new(Shared {
+                config,
+                backend,
+                cache,
+                stream,
+                pending: Mutex::new(PendingTrace::new(0)),
+                ops_recorded: AtomicU64::new(0),
+                flushes: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.shared.config.mode
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.shared.backend.name()
+    }
+
+    /// Live and peak bytes of every buffer this context's backend holds.
+    pub fn memory(&self) -> MemoryStats {
+        self.shared.backend.memory().stats()
+    }
+
+    /// Starts a new peak-memory window at the bytes live now.
+    pub fn reset_peak_memory(&self) {
+        self.shared.backend.memory().reset_peak()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            ops_recorded: self.shared.ops_recorded.load(Ordering::Relaxed),
+            flushes: self.shared.flushes.load(Ordering::Relaxed),
+            cache: self.shared.cache.stats(),
+        }
+    }
+
+    /// Runs everything issued so far: DeferAndFuse flushes its pending trace,
+    /// Strict waits for its stream.
+    pub fn sync(&self) -> Result<()> {
+        match self.mode() {
+            Mode::DeferAndFuse => self.shared.flush(&mut self.shared.pending.lock().unwrap()),
+            Mode::Strict => self.shared.stream.as_ref().map_or(Ok(()), |s| s.synchronize()),
+            Mode::Debug => Ok(()),
+        }
+    }
+
+    /// A tensor holding `data` (row-major) with the given shape.
+    pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        let meta = Meta::new(shape.into(), T::DTYPE);
+        if data.len() != meta.numel() {
+            return Err(Error::DataLength { op: "from_vec".into(), len: data.len(), numel: meta.numel(), shape: meta.shape });
+        }
+        self.from_host(meta, T::into_host(data))
+    }
+
+    pub fn from_slice<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        self.from_vec(data.to_vec(), shape)
+    }
+
+    /// A zero-dimensional tensor.
+    pub fn scalar<T: Element>(&self, value: T) -> Result<Tensor> {
+        self.from_vec(vec![value], &[])
+    }
+
+    pub(crate) fn from_host(&self, meta: Meta, data: HostData) -> Result<Tensor> {
+        let buffer = self.shared.backend.upload(meta.clone(), data)?;
+        Ok(Tensor(TensorInner::new(self.shared.clone(), meta, Cell::Ready(buffer))))
+    }
+
+    /// Records `op` on `inputs` in this context's mode. Shapes and dtypes are
+    /// checked here, at the call, in every mode.
+    pub(crate) fn record(&self, op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+        self.shared.record(op, inputs)
+    }
+}
+
+impl Shared {
+    fn record(self: &Arc<Self>, op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+        if let Some(t) = inputs.iter().find(|t| !Arc::ptr_eq(&t.0.ctx, self)) {
+            return Err(Error::attr(op.name(), format!("input {t:?} belongs to another context")));
+        }
+        let metas: Vec<&Meta> = inputs.iter().map(|t| &t.0.meta).collect();
+        let meta = trace_ir::infer(&op, &metas)?;
+        self.ops_recorded.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(op = op.name(), shape = ?meta.shape.as_slice(), "record");
+        match self.config.mode {
+            Mode::Strict => {
+                let output = TensorInner::new(self.clone(), meta, Cell::Queued);
+                let inputs = inputs.iter().map(|t| t.0.clone()).collect();
+                let stream = self.stream.as_ref().expect("Strict contexts have a stream");
+                stream.submit(Job::Run { op, inputs, output: output.clone() })?;
+                Ok(Tensor(output))
+            }
+            Mode::Debug => {
+                let buffers = inputs.iter().map(|t| self.materialize(&t.0)).collect::<Result<Vec<_>>>()?;
+                let input_metas: Vec<Meta> = metas.into_iter().cloned().collect();
+                let trace = single_op_trace(&op, &input_metas)?;
+                let exe = self.cache.get_or_compile(&*self.backend, &trace)?;
+                let out = exe.run(buffers)?.pop().ok_or_else(|| Error::backend(self.backend.name(), "no output"))?;
+                self.check_finite(&op, &input_metas, &out)?;
+                Ok(Tensor(TensorInner::new(self.clone(), meta, Cell::Ready(out))))
+            }
+            Mode::DeferAndFuse => {
+                let mut pending = self.pending.lock().unwrap();
+                let nodes = inputs.iter().map(|t| pending.node_of(&t.0)).collect::<Result<Vec<_>>>()?;
+                let node = pending.push(op, &nodes)?;
+                let epoch = pending.epoch;
+                let tensor = TensorInner::new(self.clone(), meta, Cell::Deferred { node, epoch });
+                pending.set_owner(node, Arc::downgrade(&tensor));
+                if pending.len() >= self.config.max_pending_ops {
+                    tracing::debug!(limit = self.config.max_pending_ops, "pending trace is full");
+                    self.flush(&mut pending)?;
+                }
+                Ok(Tensor(tensor))
+            }
+        }
+    }
+
+    /// The buffer of `tensor`, running whatever it still waits on.
+    pub fn materialize(&self, tensor: &TensorInner) -> Result<Arc<Buffer>> {
+        let deferred = matches!(*tensor.cell.lock().unwrap(), Cell::Deferred { .. });
+        if deferred {
+            let mut pending = self.pending.lock().unwrap();
+            // Another thread may have flushed while we waited for the lock.
+            let still = matches!(*tensor.cell.lock().unwrap(), Cell::Deferred { epoch, .. } if epoch == pending.epoch);
+            if still {
+                self.flush(&mut pending)?;
+            }
+        }
+        tensor.wait_buffer()
+    }
+
+    /// Runs the pending trace and binds its outputs to the tensors still held.
+    pub fn flush(&self, pending: &mut PendingTrace) -> Result<()> {
+        let Some(plan) = pending.take() else { return Ok(()) };
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), "flush");
+        let result = self
+            .cache
+            .get_or_compile(&*self.backend, &plan.trace)
+            .and_then(|exe| exe.run(plan.inputs));
+        match result {
+            Ok(buffers) => {
+                for (tensor, buffer) in plan.holders.iter().zip(buffers) {
+                    tensor.resolve(Ok(buffer));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                for tensor in &plan.holders {
+                    tensor.resolve(Err(e.clone()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Debug mode's check of one op's output.
+    fn check_finite(&self, op: &Op, inputs: &[Meta], out: &Buffer) -> Result<()> {
+        let checks = self.config.debug_checks;
+        if !out.meta().dtype.is_float() || !(checks.nan || checks.inf) {
+            return Ok(());
+        }
+        let values = self.backend.download(out)?.to_f64_vec();
+        let bad = values.iter().enumerate().find_map(|(i, v)| {
+            if checks.nan && v.is_nan() {
+                Some((i, "NaN"))
+            } else if checks.inf && v.is_infinite() {
+                Some((i, "Inf"))
+            } else {
+                None
+            }
+        });
+        match bad {
+            None => Ok(()),
+            Some((index, kind)) => Err(Error::NonFinite {
+                op: op.name().into(),
+                kind,
+                index,
+                in_shapes: inputs.iter().map(|m| m.shape.clone()).collect(),
+                out_shape: out.meta().shape.clone(),
+            }),
+        }
+    }
+}
+
+/// The trace of one op on fresh parameters: what Strict and Debug compile.
+pub(crate) fn single_op_trace(op: &Op, inputs: &[Meta]) -> Result<Trace> {
+    let mut trace = Trace::new();
+    let params: Vec<_> = inputs.iter().map(|m| trace.push_parameter(m.clone())).collect();
+    let out = trace.push(op.clone(), &params)?;
+    trace.outputs.push(out);
+    Ok(trace)
+}

@@ -1,0 +1,37 @@
+//! deferfuse: a lazy-trace fusion engine with PyTorch's eager modes.
+//!
+//! ```
+//! use deferfuse::{Context, Mode};
+//! # fn main() -> deferfuse::Result<()> {
+//! let ctx = Context::with_mode(Mode::DeferAndFuse)?;
+//! let x = ctx.from_vec(vec![1.0f32, -2.0, 3.0, -4.0], &[2, 2])?;
+//! let y = (x.relu()? * 2.0)?.sum(&[-1], false)?; // recorded, not run
+//! assert_eq!(y.to_vec::<f32>()?, vec![2.0, 6.0]); // flushed here
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`Context`]: an engine instance (mode, backend, caches, memory accounting);
+//! - [`Tensor`]: a cheap handle with PyTorch-like ops ([`ops`](crate::ops));
+//! - [`Mode`], [`Config`]: the `TORCH_TPU_*` switches.
+
+mod cache;
+pub mod config;
+mod context;
+mod display;
+mod element;
+pub mod ops;
+mod pending;
+mod stream;
+mod tensor;
+
+pub use cache::CacheStats;
+pub use config::{Config, DebugChecks, Mode};
+pub use context::{Context, EngineStats};
+pub use element::Element;
+pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};
+pub use runtime::{HostData, MemoryStats};
+pub use tensor::Tensor;
+pub use trace_ir::{DType, Error, Result, Shape};
+
+pub use half::{bf16, f16};

@@ -1,0 +1,72 @@
+//! The Strict-mode stream: a worker thread that runs ops in the order they
+//! were issued while the caller goes on. The caller waits only when it reads.
+
+use std::sync::mpsc::{channel, Sender, SyncSender};
+use std::sync::Arc;
+
+use runtime::Backend;
+use trace_ir::{Error, Result};
+
+use crate::cache::ProgramCache;
+use crate::context::single_op_trace;
+use crate::tensor::TensorInner;
+use trace_ir::Op;
+
+pub(crate) enum Job {
+    Run { op: Op, inputs: Vec<Arc<TensorInner>>, output: Arc<TensorInner> },
+    Barrier(SyncSender<()>),
+}
+
+pub(crate) struct Stream {
+    sender: Sender<Job>,
+}
+
+impl Stream {
+    pub fn start(backend: Arc<dyn Backend>, cache: Arc<ProgramCache>) -> Result<Stream> {
+        let (sender, receiver) = channel::<Job>();
+        std::thread::Builder::new()
+            .name("deferfuse-stream".into())
+            .spawn(move || {
+                // Ends when the context (the only sender) is dropped.
+                for job in receiver {
+                    match job {
+                        Job::Run { op, inputs, output } => {
+                            let result = run_job(&*backend, &cache, &op, &inputs);
+                            drop(inputs);
+                            output.resolve(result);
+                        }
+                        Job::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::backend("stream", format!("cannot start the stream thread: {e}")))?;
+        Ok(Stream { sender })
+    }
+
+    pub fn submit(&self, job: Job) -> Result<()> {
+        self.sender.send(job).map_err(|_| Error::backend("stream", "the stream thread has stopped"))
+    }
+
+    /// Waits until every job submitted so far has run.
+    pub fn synchronize(&self) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.submit(Job::Barrier(tx))?;
+        rx.recv().map_err(|_| Error::backend("stream", "the stream thread has stopped"))
+    }
+}
+
+fn run_job(
+    backend: &dyn Backend,
+    cache: &ProgramCache,
+    op: &Op,
+    inputs: &[Arc<TensorInner>],
+) -> Result<Arc<runtime::Buffer>> {
+    let buffers = inputs.iter().map(|t| t.wait_buffer()).collect::<Result<Vec<_>>>()?;
+    let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();
+    let trace = single_op_trace(op, &metas)?;
+    let exe = cache.get_or_compile(backend, &trace)?;
+    let mut out = exe.run(buffers)?;
+    out.pop().ok_or_else(|| Error::backend(backend.name(), "program returned no output"))
+}

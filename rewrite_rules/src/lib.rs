@@ -1,0 +1,1 @@
+//! E-graph rewrites over traces (the fusion issue fills this crate).

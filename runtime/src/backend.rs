@@ -1,0 +1,33 @@
+//! The narrow interface every backend implements.
+
+use std::sync::Arc;
+
+use trace_ir::{Meta, Result, Trace};
+
+use crate::buffer::{Buffer, HostData};
+use crate::memory::MemoryTracker;
+
+/// A compiled program, ready to run many times on new inputs.
+pub trait Executable: Send + Sync {
+    /// Runs on `inputs` (one per trace parameter, in parameter order) and
+    /// returns one buffer per trace output. Inputs are passed by value so the
+    /// executable can free each one after its last use, or reuse its memory.
+    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>>;
+}
+
+/// A place where programs compile and buffers live.
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Compiles a validated trace into an executable.
+    fn compile(&self, trace: &Trace) -> Result<Arc<dyn Executable>>;
+
+    /// Moves host data into a new buffer of this backend.
+    fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>>;
+
+    /// Copies a buffer back to the host.
+    fn download(&self, buffer: &Buffer) -> Result<HostData>;
+
+    /// The tracker every buffer of this backend counts against.
+    fn memory(&self) -> &Arc<MemoryTracker>;
+}

@@ -1,0 +1,95 @@
+//! Data movement: expand, permute, slice (strided gathers) and concat.
+//! Reshape needs no kernel: the data keeps its order.
+
+use trace_ir::shape::numel;
+use trace_ir::{Error, Result};
+
+use super::elem::{broadcast, build, by_any, row_major, typed, walk, Elem, Strides};
+use crate::buffer::HostData;
+
+/// `out[i] = data[base + sum_d idx_d(i) * strides[d]]` over `out_shape`.
+fn gather<T: Elem>(data: &[T], out_shape: &[usize], strides: &Strides, base: usize) -> Vec<T> {
+    let inner = strides.last().copied().unwrap_or(0);
+    build(numel(out_shape), |start, out: &mut [T]| {
+        walk(out_shape, [strides], start, out.len(), |k, [o], run| {
+            let dst = &mut out[k..k + run];
+            let o = base + o;
+            match inner {
+                1 => dst.copy_from_slice(&data[o..o + run]),
+                0 => dst.fill(data[o]),
+                s => {
+                    for (t, e) in dst.iter_mut().enumerate() {
+                        *e = data[o + t * s];
+                    }
+                }
+            }
+        })
+    })
+}
+
+fn gather_any(data: &HostData, out_shape: &[usize], strides: &Strides, base: usize) -> Result<HostData> {
+    Ok(by_any!(data.dtype(), T => T::wrap(gather(typed::<T>(data)?, out_shape, strides, base))))
+}
+
+/// Materializes `data` (of shape `shape`) broadcast to `out_shape`.
+pub(crate) fn expand(data: &HostData, shape: &[usize], out_shape: &[usize]) -> Result<HostData> {
+    gather_any(data, out_shape, &broadcast(shape, out_shape), 0)
+}
+
+/// Output dimension `j` is input dimension `perm[j]`.
+pub(crate) fn permute(data: &HostData, shape: &[usize], perm: &[usize]) -> Result<HostData> {
+    if perm.len() != shape.len() || perm.iter().any(|&p| p >= shape.len()) {
+        return Err(Error::attr("permute", format!("{perm:?} is not a permutation of 0..{}", shape.len())));
+    }
+    let strides = row_major(shape);
+    let out_shape: Strides = perm.iter().map(|&p| shape[p]).collect();
+    let out_strides: Strides = perm.iter().map(|&p| strides[p]).collect();
+    gather_any(data, &out_shape, &out_strides, 0)
+}
+
+/// Elements `start, start + step, ...` below `stop` along `axis`.
+pub(crate) fn slice(
+    data: &HostData,
+    shape: &[usize],
+    axis: usize,
+    start: usize,
+    stop: usize,
+    step: usize,
+) -> Result<HostData> {
+    if axis >= shape.len() || step == 0 || start > stop || stop > shape[axis] {
+        return Err(Error::attr("slice", format!("slice {start}..{stop} step {step} is invalid for axis {axis} of {shape:?}")));
+    }
+    let mut strides = row_major(shape);
+    let mut out_shape: Strides = shape.into();
+    out_shape[axis] = (stop - start).div_ceil(step);
+    let base = if numel(&out_shape) == 0 { 0 } else { start * strides[axis] };
+    strides[axis] = strides[axis].saturating_mul(step);
+    gather_any(data, &out_shape, &strides, base)
+}
+
+/// Joins `inputs` (data, shape) along `axis`; shapes agree elsewhere.
+pub(crate) fn concat(inputs: &[(&HostData, &[usize])], axis: usize) -> Result<HostData> {
+    let Some(&(first, first_shape)) = inputs.first() else {
+        return Err(Error::attr("concat", "needs at least one input"));
+    };
+    if axis >= first_shape.len() {
+        return Err(Error::attr("concat", format!("axis {axis} is out of range for rank {}", first_shape.len())));
+    }
+    let outer = numel(&first_shape[..axis]);
+    let inner = numel(&first_shape[axis + 1..]);
+    let total: usize = inputs.iter().map(|(d, _)| d.len()).sum();
+    Ok(by_any!(first.dtype(), T => {
+        let parts = inputs
+            .iter()
+            .map(|&(d, s)| Ok((typed::<T>(d)?, s.get(axis).copied().unwrap_or(0) * inner)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut out: Vec<T> = Vec::with_capacity(total);
+        for o in 0..outer {
+            for &(d, block) in &parts {
+                let src = d.get(o * block..(o + 1) * block).ok_or_else(|| super::internal("concat input too short"))?;
+                out.extend_from_slice(src);
+            }
+        }
+        T::wrap(out)
+    }))
+}

@@ -1,0 +1,359 @@
+//! The native CPU backend: buffers live on the host and a compiled trace runs
+//! op by op, unfused. It is the reference that fused kernels and other
+//! backends are compared against, so it favours plain, exact semantics:
+//!
+//! - floats (f32, bf16, f16) compute in f32 and round once to their dtype;
+//!   integers compute in i64 and wrap to their dtype with `as`; bool is bool;
+//! - reductions accumulate float sums and products in f64 (see [`reduce`]);
+//! - GELU's erf form uses an f64 erf ([`erf`]) accurate to ~1e-16;
+//! - random values follow the documented stream in [`random`].
+//!
+//! Memory: each value is dropped right after its last use, and elementwise
+//! ops (unary, same-size cast, binary) and reshape overwrite an input that is
+//! at its last use and uniquely owned instead of allocating, so the
+//! [`MemoryTracker`] sees the peak an eager executor would have.
+
+mod elem;
+mod elementwise;
+pub mod erf;
+mod layout;
+mod matmul;
+pub mod random;
+mod reduce;
+mod rows;
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use trace_ir::{Error, Meta, Node, NodeId, Op, Result, Trace};
+
+pub use elementwise::{gelu_erf, gelu_tanh, int_pow, sigmoid};
+
+use crate::backend::{Backend, Executable};
+use crate::buffer::{Buffer, HostData};
+use crate::memory::{Lease, MemoryTracker};
+use elem::Src;
+
+/// A runtime failure of this backend.
+pub(crate) fn internal(msg: impl Into<String>) -> Error {
+    Error::backend("cpu", msg)
+}
+
+/// The native CPU backend.
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    tracker: Arc<MemoryTracker>,
+}
+
+impl CpuBackend {
+    pub fn new(tracker: Arc<MemoryTracker>) -> CpuBackend {
+        CpuBackend { tracker }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn compile(&self, trace: &Trace) -> Result<Arc<dyn Executable>> {
+        Ok(Arc::new(CpuExecutable::new(trace, self.tracker.clone())?))
+    }
+
+    fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
+        if data.dtype() != meta.dtype {
+            return Err(Error::dtype("upload", "data dtype differs from the buffer's", &[meta.dtype, data.dtype()]));
+        }
+        if data.len() != meta.numel() {
+            return Err(Error::DataLength { op: "upload".into(), len: data.len(), shape: meta.shape.clone(), numel: meta.numel() });
+        }
+        Ok(Arc::new(Buffer::host(meta, data, &self.tracker)))
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostData> {
+        buffer.host_data().cloned().ok_or_else(|| internal("buffer does not live on the host"))
+    }
+
+    fn memory(&self) -> &Arc<MemoryTracker> {
+        &self.tracker
+    }
+}
+
+/// A trace ready to run op by op.
+#[derive(Debug)]
+pub struct CpuExecutable {
+    trace: Trace,
+    /// Parameter nodes by parameter index.
+    params: Vec<NodeId>,
+    /// Reads of each node by nodes the outputs need, plus output slots; 0
+    /// for dead nodes, which are skipped.
+    uses: Vec<usize>,
+    tracker: Arc<MemoryTracker>,
+}
+
+impl CpuExecutable {
+    /// Validates `trace` and precomputes liveness and use counts.
+    pub fn new(trace: &Trace, tracker: Arc<MemoryTracker>) -> Result<CpuExecutable> {
+        trace.validate()?;
+        let n = trace.len();
+        let mut live = vec![false; n];
+        for &o in &trace.outputs {
+            live[o] = true;
+        }
+        for id in (0..n).rev() {
+            if live[id] {
+                for &i in &trace.nodes[id].inputs {
+                    live[i] = true;
+                }
+            }
+        }
+        let mut uses = vec![0usize; n];
+        for (id, node) in trace.nodes.iter().enumerate() {
+            if live[id] {
+                for &i in &node.inputs {
+                    uses[i] += 1;
+                }
+            }
+        }
+        for &o in &trace.outputs {
+            uses[o] += 1;
+        }
+        Ok(CpuExecutable { trace: trace.clone(), params: trace.parameters(), uses, tracker })
+    }
+
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// Wraps fresh data as the node's output.
+    fn fresh(&self, meta: &Meta, data: HostData) -> Result<Buffer> {
+        check_data(meta, &data)?;
+        Ok(Buffer::host(meta.clone(), data, &self.tracker))
+    }
+
+    fn eval(&self, node: &Node, args: SmallVec<[Arc<Buffer>; 3]>) -> Result<Buffer> {
+        let meta = &node.meta;
+        let shape = meta.shape.as_slice();
+        let n = meta.numel();
+        let same = |m: &Meta| m.dtype == meta.dtype && m.numel() == n;
+        if n == 0 && !matches!(node.op, Op::Parameter { .. }) {
+            return self.fresh(meta, HostData::filled(meta.dtype, 0.0, 0));
+        }
+        check_alloc(meta)?;
+        let data = match &node.op {
+            Op::Parameter { .. } => return Err(internal("parameters are not evaluated")),
+            Op::Full { value, dtype, .. } => HostData::filled(*dtype, *value, n),
+            Op::Arange { start, step, len, dtype } => random::arange(*start, *step, *len, *dtype),
+            Op::Random { seed, dist, dtype, .. } => random::random(*seed, *dist, *dtype, n)?,
+            Op::Unary { kind } => {
+                let [x] = fixed::<1>(args)?;
+                let ok = same(x.meta());
+                return match take(x, ok)? {
+                    Arg::Owned(d, lease) => reused(meta, elementwise::unary(*kind, Src::Owned(d))?, lease),
+                    Arg::Shared(x) => self.fresh(meta, elementwise::unary(*kind, Src::Borrowed(host(&x)?))?),
+                };
+            }
+            Op::Cast { to } => {
+                let [x] = fixed::<1>(args)?;
+                let ok = x.meta().numel() == n && x.meta().dtype.size_in_bytes() == to.size_in_bytes();
+                return match take(x, ok)? {
+                    Arg::Owned(d, lease) => reused(meta, elementwise::cast(Src::Owned(d), *to)?, lease),
+                    Arg::Shared(x) => self.fresh(meta, elementwise::cast(Src::Borrowed(host(&x)?), *to)?),
+                };
+            }
+            Op::Binary { kind } => {
+                let [a, b] = fixed::<2>(args)?;
+                let (sa, sb) = (a.meta().shape.clone(), b.meta().shape.clone());
+                let (oka, okb) = (same(a.meta()), same(b.meta()));
+                return match take(a, oka)? {
+                    Arg::Owned(d, lease) => {
+                        reused(meta, elementwise::binary_in_place(*kind, d, true, host(&b)?, &sb, shape)?, lease)
+                    }
+                    Arg::Shared(a) => match take(b, okb)? {
+                        Arg::Owned(d, lease) => {
+                            reused(meta, elementwise::binary_in_place(*kind, d, false, host(&a)?, &sa, shape)?, lease)
+                        }
+                        Arg::Shared(b) => self.fresh(
+                            meta,
+                            elementwise::binary_new(*kind, host(&a)?, &sa, host(&b)?, &sb, shape)?,
+                        ),
+                    },
+                };
+            }
+            Op::Where => {
+                let [c, a, b] = fixed::<3>(args)?;
+                elementwise::where_(
+                    host(&c)?,
+                    &c.meta().shape,
+                    host(&a)?,
+                    &a.meta().shape,
+                    host(&b)?,
+                    &b.meta().shape,
+                    shape,
+                )?
+            }
+            Op::Reduce { kind, axes, .. } => {
+                let [x] = fixed::<1>(args)?;
+                reduce::reduce(*kind, axes, host(&x)?, &x.meta().shape)?
+            }
+            Op::ArgReduce { kind, axis, .. } => {
+                let [x] = fixed::<1>(args)?;
+                reduce::arg_reduce(*kind, *axis, host(&x)?, &x.meta().shape)?
+            }
+            Op::Expand { .. } => {
+                let [x] = fixed::<1>(args)?;
+                layout::expand(host(&x)?, &x.meta().shape, shape)?
+            }
+            Op::Reshape { .. } => {
+                let [x] = fixed::<1>(args)?;
+                let ok = same(x.meta());
+                return match take(x, ok)? {
+                    Arg::Owned(d, lease) => reused(meta, d, lease),
+                    Arg::Shared(x) => self.fresh(meta, host(&x)?.clone()),
+                };
+            }
+            Op::Permute { perm } => {
+                let [x] = fixed::<1>(args)?;
+                layout::permute(host(&x)?, &x.meta().shape, perm)?
+            }
+            Op::Slice { axis, start, stop, step } => {
+                let [x] = fixed::<1>(args)?;
+                layout::slice(host(&x)?, &x.meta().shape, *axis, *start, *stop, *step)?
+            }
+            Op::Concat { axis } => {
+                let parts =
+                    args.iter().map(|a| Ok((host(a)?, a.meta().shape.as_slice()))).collect::<Result<Vec<_>>>()?;
+                layout::concat(&parts, *axis)?
+            }
+            Op::MatMul => {
+                let [a, b] = fixed::<2>(args)?;
+                matmul::matmul(host(&a)?, &a.meta().shape, host(&b)?, &b.meta().shape, shape)?
+            }
+            Op::Softmax { .. } | Op::LogSoftmax { .. } => {
+                let [x] = fixed::<1>(args)?;
+                rows::row(&node.op, host(&x)?, &x.meta().shape, None)?
+            }
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
+                let [x, eps] = fixed::<2>(args)?;
+                rows::row(&node.op, host(&x)?, &x.meta().shape, Some(host(&eps)?))?
+            }
+        };
+        self.fresh(meta, data)
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+        let t = &self.trace;
+        if inputs.len() != self.params.len() {
+            return Err(internal(format!("the trace takes {} inputs, got {}", self.params.len(), inputs.len())));
+        }
+        let mut vals: Vec<Option<Arc<Buffer>>> = vec![None; t.len()];
+        for (k, (buf, &id)) in inputs.into_iter().zip(&self.params).enumerate() {
+            let want = &t.nodes[id].meta;
+            if buf.meta() != want {
+                return Err(internal(format!(
+                    "input {k} is {:?} {} but the trace expects {:?} {}",
+                    buf.meta().shape.as_slice(),
+                    buf.meta().dtype,
+                    want.shape.as_slice(),
+                    want.dtype
+                )));
+            }
+            check_data(want, host(&buf)?).map_err(|e| internal(format!("input {k}: {e}")))?;
+            if self.uses[id] > 0 {
+                vals[id] = Some(buf);
+            }
+        }
+        let mut left = self.uses.clone();
+        for (id, node) in t.nodes.iter().enumerate() {
+            if self.uses[id] == 0 || matches!(node.op, Op::Parameter { .. }) {
+                continue;
+            }
+            let mut args: SmallVec<[Arc<Buffer>; 3]> = SmallVec::new();
+            for &i in &node.inputs {
+                left[i] = left[i].saturating_sub(1);
+                // The last reader takes the value, so it is freed (or reused)
+                // as soon as this op is done with it.
+                let v = if left[i] == 0 { vals[i].take() } else { vals[i].clone() };
+                args.push(v.ok_or_else(|| internal(format!("node {id} reads node {i}, which has no value")))?);
+            }
+            let out = self.eval(node, args)?;
+            vals[id] = Some(Arc::new(out));
+        }
+        t.outputs
+            .iter()
+            .map(|&o| vals[o].clone().ok_or_else(|| internal(format!("output node {o} has no value"))))
+            .collect()
+    }
+}
+
+/// An operand, taken for reuse or shared.
+enum Arg {
+    Owned(HostData, Lease),
+    Shared(Arc<Buffer>),
+}
+
+/// Takes `buf`'s storage when `reusable` and this is its only reference.
+fn take(buf: Arc<Buffer>, reusable: bool) -> Result<Arg> {
+    if !reusable || buf.host_data().is_none() {
+        return Ok(Arg::Shared(buf));
+    }
+    match Arc::try_unwrap(buf) {
+        Ok(b) => {
+            let (d, lease) = b.into_host_data().ok_or_else(|| internal("buffer does not live on the host"))?;
+            Ok(Arg::Owned(d, lease))
+        }
+        Err(b) => Ok(Arg::Shared(b)),
+    }
+}
+
+/// Rebuilds a buffer around reused storage; the lease has its byte size.
+fn reused(meta: &Meta, data: HostData, lease: Lease) -> Result<Buffer> {
+    check_data(meta, &data)?;
+    Ok(Buffer::from_reused(meta.clone(), data, lease))
+}
+
+/// Outputs above this size are first reserved fallibly, so that one too
+/// large for the machine is an error rather than an abort.
+const PROBE_BYTES: usize = 1 << 30;
+
+fn check_alloc(meta: &Meta) -> Result<()> {
+    let bytes = meta.numel().checked_mul(meta.dtype.size_in_bytes());
+    match bytes {
+        Some(b) if b <= PROBE_BYTES => Ok(()),
+        Some(b) if Vec::<u8>::new().try_reserve_exact(b).is_ok() => Ok(()),
+        _ => Err(internal(format!(
+            "cannot allocate {:?} {} ({} elements)",
+            meta.shape.as_slice(),
+            meta.dtype,
+            meta.numel()
+        ))),
+    }
+}
+
+fn host(b: &Buffer) -> Result<&HostData> {
+    b.host_data().ok_or_else(|| internal("buffer does not live on the host"))
+}
+
+fn check_data(meta: &Meta, data: &HostData) -> Result<()> {
+    if data.dtype() != meta.dtype || data.len() != meta.numel() {
+        return Err(internal(format!(
+            "{} data of {} elements does not fit {:?} {}",
+            data.dtype(),
+            data.len(),
+            meta.shape.as_slice(),
+            meta.dtype
+        )));
+    }
+    Ok(())
+}
+
+/// Exactly `N` operands.
+fn fixed<const N: usize>(args: SmallVec<[Arc<Buffer>; 3]>) -> Result<[Arc<Buffer>; N]> {
+    let n = args.len();
+    args.into_iter()
+        .collect::<Vec<_>>()
+        .try_into()
+        .map_err(|_| internal(format!("expected {N} operands, got {n}")))
+}

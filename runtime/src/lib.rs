@@ -1,0 +1,18 @@
+//! The deferfuse runtime: the narrow [`Backend`] interface, host buffers and
+//! their memory accounting, and the native CPU reference backend.
+//!
+//! - [`backend`]: the [`Backend`] and [`Executable`] traits;
+//! - [`buffer`]: [`HostData`], [`Buffer`] and its [`Storage`];
+//! - [`memory`]: [`MemoryTracker`], live and peak bytes per context;
+//! - [`cpu`]: [`CpuBackend`], which runs a trace op by op (unfused) and is the
+//!   reference every other backend is compared against.
+
+pub mod backend;
+pub mod buffer;
+pub mod cpu;
+pub mod memory;
+
+pub use backend::{Backend, Executable};
+pub use buffer::{Buffer, HostData, Storage};
+pub use cpu::CpuBackend;
+pub use memory::{MemoryStats, MemoryTracker};

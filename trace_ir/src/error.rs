@@ -1,0 +1,80 @@
+//! The one error type of deferfuse. Every message names what failed (the op,
+//! the variable, the file) and the values involved, so a user can act on it.
+
+use crate::{DType, Shape};
+
+/// Result alias used across deferfuse.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every error deferfuse can return. It is `Clone` because an error produced
+/// on the Strict stream is stored in each tensor it poisons.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Shapes that the op cannot accept.
+    #[error("{op}: {msg} (shapes {})", fmt_shapes(shapes))]
+    Shape { op: String, msg: String, shapes: Vec<Shape> },
+
+    /// Dtypes that the op cannot accept.
+    #[error("{op}: {msg} (dtypes {})", fmt_dtypes(dtypes))]
+    DType { op: String, msg: String, dtypes: Vec<DType> },
+
+    /// A bad attribute: an axis out of range, a negative step, a bad permutation.
+    #[error("{op}: {msg}")]
+    Attribute { op: String, msg: String },
+
+    /// Host data whose length does not match the shape it was given.
+    #[error("{op}: {len} values cannot fill shape {shape:?} ({numel} elements)")]
+    DataLength { op: String, len: usize, shape: Shape, numel: usize },
+
+    /// An environment variable or configuration value that is not valid.
+    #[error("{var}={value:?} is not valid; valid values: {valid}")]
+    Config { var: String, value: String, valid: String },
+
+    /// A trace (from JSON, a dump or a fuzz corpus) that is malformed or inconsistent.
+    #[error("invalid trace: {0}")]
+    InvalidTrace(String),
+
+    /// Debug mode found a NaN or an infinity in an op's output.
+    #[error("{op}: output has {kind} at flat index {index} (input shapes {}, output shape {out_shape:?})", fmt_shapes(in_shapes))]
+    NonFinite { op: String, kind: &'static str, index: usize, in_shapes: Vec<Shape>, out_shape: Shape },
+
+    /// A backend failed while compiling or running a program.
+    #[error("backend {backend}: {msg}")]
+    Backend { backend: String, msg: String },
+
+    /// A value was read from a tensor whose computation failed earlier.
+    #[error("tensor is poisoned by an earlier failure: {0}")]
+    Poisoned(Box<Error>),
+
+    /// An I/O failure (cache files, dumps).
+    #[error("{context}: {msg}")]
+    Io { context: String, msg: String },
+}
+
+impl Error {
+    pub fn shape(op: &str, msg: impl Into<String>, shapes: &[&Shape]) -> Self {
+        Error::Shape { op: op.into(), msg: msg.into(), shapes: shapes.iter().map(|s| (*s).clone()).collect() }
+    }
+    pub fn dtype(op: &str, msg: impl Into<String>, dtypes: &[DType]) -> Self {
+        Error::DType { op: op.into(), msg: msg.into(), dtypes: dtypes.to_vec() }
+    }
+    pub fn attr(op: &str, msg: impl Into<String>) -> Self {
+        Error::Attribute { op: op.into(), msg: msg.into() }
+    }
+    pub fn backend(backend: &str, msg: impl Into<String>) -> Self {
+        Error::Backend { backend: backend.into(), msg: msg.into() }
+    }
+    pub fn io(context: impl Into<String>, err: impl std::fmt::Display) -> Self {
+        Error::Io { context: context.into(), msg: err.to_string() }
+    }
+}
+
+fn fmt_shapes(shapes: &[Shape]) -> String {
+    let parts: Vec<String> = shapes.iter().map(|s| format!("{:?}", s.as_slice())).collect();
+    parts.join(", ")
+}
+
+fn fmt_dtypes(dtypes: &[DType]) -> String {
+    let parts: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    parts.join(", ")
+}

@@ -1,0 +1,61 @@
+//! The structural signature of a trace: ops, attributes, shapes, dtypes and
+//! topology, never data. Two runs of the same op sequence on different values
+//! have equal signatures, which is what makes the caches hit.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use crate::Trace;
+
+/// A canonical encoding of a trace plus a stable 64-bit hash of it. Equality
+/// compares the full encoding, so a hash collision can never alias two traces.
+#[derive(Debug, Clone)]
+pub struct Signature {
+    canonical: Arc<[u8]>,
+    stable_hash: u64,
+}
+
+impl Signature {
+    pub fn of(trace: &Trace) -> Self {
+        // The JSON form is already canonical: node order is topological and
+        // parameters are numbered by first appearance, and no buffer data is in it.
+        let canonical: Arc<[u8]> = serde_json::to_vec(trace).expect("a trace always serializes").into();
+        let stable_hash = fnv1a64(&canonical);
+        Signature { canonical, stable_hash }
+    }
+
+    /// A hash that is the same on every machine and version of Rust, for
+    /// on-disk keys. (In-memory maps may hash it again with anything.)
+    pub fn stable_hash(&self) -> u64 {
+        self.stable_hash
+    }
+
+    pub fn canonical(&self) -> &[u8] {
+        &self.canonical
+    }
+}
+
+impl PartialEq for Signature {
+    fn eq(&self, other: &Self) -> bool {
+        self.stable_hash == other.stable_hash && self.canonical == other.canonical
+    }
+}
+
+impl Eq for Signature {}
+
+impl Hash for Signature {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.stable_hash);
+    }
+}
+
+/// FNV-1a, 64 bit: tiny, stable and good enough to key a cache whose entries
+/// are also compared in full.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}

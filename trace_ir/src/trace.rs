@@ -1,0 +1,169 @@
+//! The trace DAG: an arena of nodes in topological order. Parameters are
+//! runtime inputs (materialized buffers, user scalars); outputs are the values
+//! someone still holds when the trace runs.
+
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+use crate::infer::{infer, Meta};
+use crate::{Error, Op, Result};
+
+/// Index of a node in its trace.
+pub type NodeId = usize;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    #[serde(flatten)]
+    pub op: Op,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub inputs: SmallVec<[NodeId; 3]>,
+    pub meta: Meta,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    pub nodes: Vec<Node>,
+    pub outputs: Vec<NodeId>,
+}
+
+impl Trace {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn meta(&self, id: NodeId) -> &Meta {
+        &self.nodes[id].meta
+    }
+
+    /// Appends an op after checking it against its inputs.
+    pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
+        if let Some(&bad) = inputs.iter().find(|&&i| i >= self.nodes.len()) {
+            return Err(Error::InvalidTrace(format!("{}: input node {bad} does not exist", op.name())));
+        }
+        let metas: SmallVec<[&Meta; 3]> = inputs.iter().map(|&i| &self.nodes[i].meta).collect();
+        let meta = infer(&op, &metas)?;
+        drop(metas);
+        self.nodes.push(Node { op, inputs: inputs.into(), meta });
+        Ok(self.nodes.len() - 1)
+    }
+
+    /// Adds the next runtime input.
+    pub fn push_parameter(&mut self, meta: Meta) -> NodeId {
+        let index = self.num_parameters();
+        self.nodes.push(Node { op: Op::Parameter { index, shape: meta.shape.clone(), dtype: meta.dtype }, inputs: SmallVec::new(), meta });
+        self.nodes.len() - 1
+    }
+
+    pub fn num_parameters(&self) -> usize {
+        self.nodes.iter().filter(|n| matches!(n.op, Op::Parameter { .. })).count()
+    }
+
+    /// Parameter nodes, ordered by parameter index.
+    pub fn parameters(&self) -> Vec<NodeId> {
+        let mut params: Vec<(usize, NodeId)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, n)| match n.op {
+                Op::Parameter { index, .. } => Some((index, id)),
+                _ => None,
+            })
+            .collect();
+        params.sort_unstable();
+        params.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// How many times each node is read, by other nodes and as an output.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut uses = vec![0; self.nodes.len()];
+        for n in &self.nodes {
+            for &i in &n.inputs {
+                uses[i] += 1;
+            }
+        }
+        for &o in &self.outputs {
+            uses[o] += 1;
+        }
+        uses
+    }
+
+    /// Keeps only what the outputs need, renumbering nodes and parameters in
+    /// order of first appearance. Returns the new trace and, for each of its
+    /// parameters, the index the parameter had before.
+    pub fn pruned(&self) -> (Trace, Vec<usize>) {
+        let mut live = vec![false; self.nodes.len()];
+        for &o in &self.outputs {
+            live[o] = true;
+        }
+        for id in (0..self.nodes.len()).rev() {
+            if live[id] {
+                for &i in &self.nodes[id].inputs {
+                    live[i] = true;
+                }
+            }
+        }
+        let mut remap = vec![usize::MAX; self.nodes.len()];
+        let mut out = Trace::new();
+        let mut old_params = Vec::new();
+        for (id, node) in self.nodes.iter().enumerate().filter(|(id, _)| live[*id]) {
+            let mut node = node.clone();
+            if let Op::Parameter { index, .. } = &mut node.op {
+                old_params.push(*index);
+                *index = old_params.len() - 1;
+            }
+            for i in node.inputs.iter_mut() {
+                *i = remap[*i];
+            }
+            remap[id] = out.nodes.len();
+            out.nodes.push(node);
+        }
+        out.outputs = self.outputs.iter().map(|&o| remap[o]).collect();
+        (out, old_params)
+    }
+
+    /// Checks every invariant a trace from an untrusted source might break:
+    /// inputs point backwards, every node's meta is what inference says,
+    /// parameter indices are exactly 0..n, outputs exist.
+    pub fn validate(&self) -> Result<()> {
+        let mut seen_params = Vec::new();
+        for (id, node) in self.nodes.iter().enumerate() {
+            if let Some(&bad) = node.inputs.iter().find(|&&i| i >= id) {
+                return Err(Error::InvalidTrace(format!(
+                    "node {id} ({}) reads node {bad}, which does not come before it",
+                    node.op.name()
+                )));
+            }
+            let metas: SmallVec<[&Meta; 3]> = node.inputs.iter().map(|&i| &self.nodes[i].meta).collect();
+            let inferred = infer(&node.op, &metas).map_err(|e| Error::InvalidTrace(format!("node {id}: {e}")))?;
+            if inferred != node.meta {
+                return Err(Error::InvalidTrace(format!(
+                    "node {id} ({}) claims shape {:?} {} but its inputs give {:?} {}",
+                    node.op.name(),
+                    node.meta.shape.as_slice(),
+                    node.meta.dtype,
+                    inferred.shape.as_slice(),
+                    inferred.dtype
+                )));
+            }
+            if let Op::Parameter { index, .. } = node.op {
+                seen_params.push(index);
+            }
+        }
+        seen_params.sort_unstable();
+        if seen_params.iter().enumerate().any(|(i, &p)| i != p) {
+            return Err(Error::InvalidTrace(format!("parameter indices {seen_params:?} are not 0..{}", seen_params.len())));
+        }
+        if let Some(&bad) = self.outputs.iter().find(|&&o| o >= self.nodes.len()) {
+            return Err(Error::InvalidTrace(format!("output {bad} does not exist ({} nodes)", self.nodes.len())));
+        }
+        Ok(())
+    }
+}
