@@ -98,14 +98,30 @@ impl ScalarOrTensor {
 
     /// The operand as a tensor of `dtype`: a scalar becomes a zero-dimensional
     /// parameter already converted to `dtype` (one rounding, as PyTorch does).
+    /// In DeferAndFuse the few values rewrites need to see ([`is_rewrite_literal`])
+    /// are recorded as literal constants instead.
     fn to_tensor(&self, ctx: &Context, dtype: DType) -> Result<Tensor> {
         match self {
             ScalarOrTensor::Tensor(t) => t.to_dtype(dtype),
+            ScalarOrTensor::Scalar(s) if ctx.mode() == crate::Mode::DeferAndFuse && is_rewrite_literal(s.as_f64()) => {
+                ctx.full(s.as_f64(), &[], dtype)
+            }
             ScalarOrTensor::Scalar(s) => {
                 ctx.from_host(Meta::new(Shape::new(), dtype), runtime::HostData::filled(dtype, s.as_f64(), 1))
             }
         }
     }
+}
+
+/// Scalars whose value the rewrites need to see: identities (0, 1), small
+/// integers of powers and halves, and the tanh-GELU coefficients. Every other
+/// scalar (a learning rate, an epsilon, a step count) is a runtime parameter,
+/// so changing it recompiles nothing.
+pub fn is_rewrite_literal(v: f64) -> bool {
+    const EXACT: [f64; 9] = [0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -0.5, -2.0, 0.044715];
+    // sqrt(2/pi) as users write it, to about seven digits.
+    let gelu_coefficient = (v - (2.0 / std::f64::consts::PI).sqrt()).abs() < 1e-7;
+    EXACT.contains(&v) || gelu_coefficient
 }
 
 /// Constructors.

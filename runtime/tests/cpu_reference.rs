@@ -1,13 +1,17 @@
 //! The CPU reference backend against values computed by hand.
 
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 
 use half::bf16;
 use runtime::{Backend, CpuBackend, HostData, MemoryTracker};
 use trace_ir::shape::shape;
-use trace_ir::{
-    ArgReduceOp, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Result, Trace, UnaryOp,
-};
+use trace_ir::{ArgReduceOp, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Result, Trace, UnaryOp};
+
+fn ax(a: &[usize]) -> trace_ir::Axes {
+    a.into()
+}
 
 fn meta(dims: &[usize], dtype: DType) -> Meta {
     Meta::new(shape(dims), dtype)
@@ -22,11 +26,8 @@ fn run(trace: &Trace, inputs: Vec<HostData>) -> Result<Vec<HostData>> {
     let be = backend();
     let exe = be.compile(trace)?;
     let params = trace.parameters();
-    let bufs = inputs
-        .into_iter()
-        .zip(params)
-        .map(|(d, p)| be.upload(trace.meta(p).clone(), d))
-        .collect::<Result<Vec<_>>>()?;
+    let bufs =
+        inputs.into_iter().zip(params).map(|(d, p)| be.upload(trace.meta(p).clone(), d)).collect::<Result<Vec<_>>>()?;
     let outs = exe.run(bufs)?;
     outs.iter().map(|b| be.download(b)).collect()
 }
@@ -89,9 +90,9 @@ fn broadcasting_add() {
     let out = f32s(&run1(&t, vec![HostData::F32(iota(6)), HostData::F32(b.clone())]));
     let mut want = Vec::new();
     for i in 0..2 {
-        for j in 0..4 {
+        for bj in &b {
             for k in 0..3 {
-                want.push((i * 3 + k) as f32 + b[j]);
+                want.push((i * 3 + k) as f32 + bj);
             }
         }
     }
@@ -143,7 +144,7 @@ fn maximum_minimum_propagate_nan() {
     let t = binary_trace(meta(&[4], DType::F32), meta(&[4], DType::F32), BinaryOp::Minimum);
     assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(a.clone()), HostData::F32(b)])), &[1.0, nan, nan, -1.5]);
 
-    let t = unary_trace(meta(&[4], DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: [0].into(), keepdim: false });
+    let t = unary_trace(meta(&[4], DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: ax(&[0]), keepdim: false });
     assert!(f32s(&run1(&t, vec![HostData::F32(a.clone())]))[0].is_nan());
     let t = unary_trace(meta(&[4], DType::F32), Op::Unary { kind: UnaryOp::Relu });
     assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(a)])), &[1.0, nan, 3.0, 0.0]);
@@ -182,7 +183,7 @@ fn where_broadcasts_three_ways() {
 #[test]
 fn sum_over_axes_with_and_without_keepdim() {
     for keepdim in [false, true] {
-        let op = Op::Reduce { kind: ReduceOp::Sum, axes: [0, 2].into(), keepdim };
+        let op = Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0, 2]), keepdim };
         let t = unary_trace(meta(&[2, 3, 4], DType::F32), op);
         let want_shape: &[usize] = if keepdim { &[1, 3, 1] } else { &[3] };
         assert_eq!(t.meta(1).shape.as_slice(), want_shape);
@@ -190,28 +191,29 @@ fn sum_over_axes_with_and_without_keepdim() {
         assert_eq!(out, vec![60.0, 92.0, 124.0]);
     }
     // Integer sums wrap; an empty axis list is a copy.
-    let t = unary_trace(meta(&[2, 2], DType::I32), Op::Reduce { kind: ReduceOp::Sum, axes: [1].into(), keepdim: false });
+    let t = unary_trace(meta(&[2, 2], DType::I32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[1]), keepdim: false });
     assert_eq!(run1(&t, vec![HostData::I32(vec![i32::MAX, 1, 5, 6])]), HostData::I32(vec![i32::MIN, 11]));
-    let t = unary_trace(meta(&[2, 2], DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: [].into(), keepdim: false });
+    let t = unary_trace(meta(&[2, 2], DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[]), keepdim: false });
     assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(vec![-0.0, 1.5, f32::NAN, 3.0])])), &[-0.0, 1.5, f32::NAN, 3.0]);
     // A long full reduction takes the parallel path.
     let n = 1 << 20;
-    let t = unary_trace(meta(&[n], DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: [0].into(), keepdim: false });
+    let t = unary_trace(meta(&[n], DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0]), keepdim: false });
     assert_eq!(f32s(&run1(&t, vec![HostData::F32(vec![0.5; n])])), vec![(n / 2) as f32]);
 }
 
 #[test]
 fn mean_prod_and_empty_axes() {
-    let t = unary_trace(meta(&[2, 3], DType::F32), Op::Reduce { kind: ReduceOp::Mean, axes: [1].into(), keepdim: false });
+    let t = unary_trace(meta(&[2, 3], DType::F32), Op::Reduce { kind: ReduceOp::Mean, axes: ax(&[1]), keepdim: false });
     assert_eq!(f32s(&run1(&t, vec![HostData::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])])), vec![2.0, 5.0]);
-    let t = unary_trace(meta(&[2, 3], DType::BF16), Op::Reduce { kind: ReduceOp::Mean, axes: [0, 1].into(), keepdim: true });
+    let t =
+        unary_trace(meta(&[2, 3], DType::BF16), Op::Reduce { kind: ReduceOp::Mean, axes: ax(&[0, 1]), keepdim: true });
     let x: Vec<bf16> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().map(|&v| bf16::from_f32(v)).collect();
     assert_eq!(run1(&t, vec![HostData::BF16(x)]), HostData::BF16(vec![bf16::from_f32(3.5)]));
-    let t = unary_trace(meta(&[4], DType::I64), Op::Reduce { kind: ReduceOp::Prod, axes: [0].into(), keepdim: false });
+    let t = unary_trace(meta(&[4], DType::I64), Op::Reduce { kind: ReduceOp::Prod, axes: ax(&[0]), keepdim: false });
     assert_eq!(run1(&t, vec![HostData::I64(vec![2, -3, 4, 5])]), HostData::I64(vec![-120]));
 
     let empty = || HostData::F32(vec![]);
-    let red = |kind| unary_trace(meta(&[2, 0], DType::F32), Op::Reduce { kind, axes: [1].into(), keepdim: false });
+    let red = |kind| unary_trace(meta(&[2, 0], DType::F32), Op::Reduce { kind, axes: ax(&[1]), keepdim: false });
     assert_eq!(f32s(&run1(&red(ReduceOp::Sum), vec![empty()])), vec![0.0, 0.0]);
     assert_eq!(f32s(&run1(&red(ReduceOp::Prod), vec![empty()])), vec![1.0, 1.0]);
     assert!(f32s(&run1(&red(ReduceOp::Mean), vec![empty()])).iter().all(|v| v.is_nan()));
@@ -220,7 +222,7 @@ fn mean_prod_and_empty_axes() {
         assert!(err.contains("empty"), "{err}");
     }
     // Reducing the non-empty axis of an empty tensor gives an empty result.
-    let t = unary_trace(meta(&[0, 3], DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: [1].into(), keepdim: false });
+    let t = unary_trace(meta(&[0, 3], DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: ax(&[1]), keepdim: false });
     assert_eq!(f32s(&run1(&t, vec![empty()])), Vec::<f32>::new());
 }
 
@@ -234,13 +236,14 @@ fn argmax_argmin_ties_and_nan() {
     let t = arg(ArgReduceOp::Argmax, 0, true);
     assert_eq!(t.meta(1).shape.as_slice(), &[1, 4]);
     assert_eq!(run1(&t, vec![HostData::F32(x)]), HostData::I64(vec![1, 1, 1, 0]));
-    let t = unary_trace(meta(&[2, 2], DType::I32), Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: 0, keepdim: false });
+    let t =
+        unary_trace(meta(&[2, 2], DType::I32), Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: 0, keepdim: false });
     assert_eq!(run1(&t, vec![HostData::I32(vec![1, 5, 3, 5])]), HostData::I64(vec![1, 0]));
 }
 
 #[test]
 fn permute_is_a_general_transpose() {
-    let t = unary_trace(meta(&[2, 3, 4], DType::I64), Op::Permute { perm: [2, 0, 1].into() });
+    let t = unary_trace(meta(&[2, 3, 4], DType::I64), Op::Permute { perm: ax(&[2, 0, 1]) });
     assert_eq!(t.meta(1).shape.as_slice(), &[4, 2, 3]);
     let out = run1(&t, vec![HostData::I64((0..24).collect())]);
     let mut want = Vec::new();
@@ -365,9 +368,10 @@ fn matmul_degenerate_and_half() {
 #[test]
 fn casts_round_truncate_and_wrap() {
     let t = unary_trace(meta(&[5], DType::F32), Op::Cast { to: DType::BF16 });
-    let x = vec![1.0, 1.00390625, 1.01171875, std::f32::consts::PI, -65.3];
+    let x = vec![1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, std::f32::consts::PI, -65.3];
     let out = run1(&t, vec![HostData::F32(x)]);
-    let want: Vec<u16> = [1.0f32, 1.0, 1.015625, 3.140625, -65.5].iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let want: Vec<u16> =
+        [1.0f32, 1.0, 1.015625, 3.140625, -65.5].iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
     match out {
         HostData::BF16(v) => assert_eq!(v.iter().map(|b| b.to_bits()).collect::<Vec<_>>(), want),
         other => panic!("{other:?}"),
@@ -376,7 +380,10 @@ fn casts_round_truncate_and_wrap() {
     let out = run1(&t, vec![HostData::F32(vec![-1.7, 2.9, f32::NAN, 1e10, -0.2])]);
     assert_eq!(out, HostData::I32(vec![-1, 2, 0, i32::MAX, 0]));
     let t = unary_trace(meta(&[3], DType::I64), Op::Cast { to: DType::I32 });
-    assert_eq!(run1(&t, vec![HostData::I64(vec![1 << 32, -1, (1 << 31) + 5])]), HostData::I32(vec![0, -1, i32::MIN + 5]));
+    assert_eq!(
+        run1(&t, vec![HostData::I64(vec![1 << 32, -1, (1 << 31) + 5])]),
+        HostData::I32(vec![0, -1, i32::MIN + 5])
+    );
     let t = unary_trace(meta(&[3], DType::F32), Op::Cast { to: DType::Bool });
     assert_eq!(run1(&t, vec![HostData::F32(vec![0.0, -0.0, f32::NAN])]), HostData::Bool(vec![false, false, true]));
     let t = unary_trace(meta(&[2], DType::Bool), Op::Cast { to: DType::F16 });
@@ -448,7 +455,9 @@ fn sources_full_arange_random() {
     assert!(mean.abs() < 0.1 && (var - 1.0).abs() < 0.15, "{mean} {var}");
     // Element i depends on (seed, i) only: a longer draw starts the same.
     let mut t = Trace::new();
-    let r = t.push(Op::Random { seed: 1, dist: Distribution::Uniform, shape: shape(&[10]), dtype: DType::F32 }, &[]).unwrap();
+    let r = t
+        .push(Op::Random { seed: 1, dist: Distribution::Uniform, shape: shape(&[10]), dtype: DType::F32 }, &[])
+        .unwrap();
     t.outputs = vec![r];
     assert_eq!(f32s(&run1(&t, vec![])), u[..10].to_vec());
     if let HostData::BF16(v) = draw(3, Distribution::Uniform, DType::BF16) {
@@ -467,7 +476,8 @@ fn fused_row_ops_match_their_decomposition() {
     let mut t = Trace::new();
     let p = t.push_parameter(meta(&[rows, cols], DType::F32));
     let eps = t.push(Op::Full { value: 1e-5, shape: shape(&[]), dtype: DType::F32 }, &[]).unwrap();
-    let red = |t: &mut Trace, kind, x: NodeId| t.push(Op::Reduce { kind, axes: [1].into(), keepdim: true }, &[x]).unwrap();
+    let red =
+        |t: &mut Trace, kind, x: NodeId| t.push(Op::Reduce { kind, axes: ax(&[1]), keepdim: true }, &[x]).unwrap();
     let bin = |t: &mut Trace, kind, a: NodeId, b: NodeId| t.push(Op::Binary { kind }, &[a, b]).unwrap();
     let un = |t: &mut Trace, kind, a: NodeId| t.push(Op::Unary { kind }, &[a]).unwrap();
     // softmax
@@ -489,14 +499,14 @@ fn fused_row_ops_match_their_decomposition() {
     let ve = bin(&mut t, BinaryOp::Add, var, eps);
     let r = un(&mut t, UnaryOp::Rsqrt, ve);
     let ln = bin(&mut t, BinaryOp::Mul, c, r);
-    let fln = t.push(Op::LayerNorm { axes: [1].into() }, &[p, eps]).unwrap();
+    let fln = t.push(Op::LayerNorm { axes: ax(&[1]) }, &[p, eps]).unwrap();
     // rms_norm
     let sq = bin(&mut t, BinaryOp::Mul, p, p);
     let ms = red(&mut t, ReduceOp::Mean, sq);
     let mse = bin(&mut t, BinaryOp::Add, ms, eps);
     let rr = un(&mut t, UnaryOp::Rsqrt, mse);
     let rms = bin(&mut t, BinaryOp::Mul, p, rr);
-    let frms = t.push(Op::RmsNorm { axes: [1].into() }, &[p, eps]).unwrap();
+    let frms = t.push(Op::RmsNorm { axes: ax(&[1]) }, &[p, eps]).unwrap();
     t.outputs = vec![sm, fsm, lsm, flsm, ln, fln, rms, frms];
     let out = run(&t, vec![HostData::F32(x)]).unwrap();
     for pair in out.chunks(2) {
@@ -526,6 +536,8 @@ fn chain_of_unary_ops_reuses_memory() {
     let out = exe.run(vec![input]).unwrap();
     let stats = tracker.stats();
     assert!(stats.peak_bytes <= 3 * bytes, "peak {} > 3 x {}", stats.peak_bytes, bytes);
+    // In fact every op overwrote the input in place: nothing else was allocated.
+    assert_eq!(stats.peak_bytes, bytes);
     assert_eq!(stats.live_bytes, bytes);
     // And the values are right: |log(sqrt(exp(-x)))| = |x| / 2 up to rounding.
     let x0 = noise(n, 5);
@@ -575,4 +587,119 @@ fn input_mismatches_are_errors() {
     assert!(be.upload(meta(&[2], DType::F32), HostData::F32(vec![0.0; 3])).is_err());
     assert!(be.upload(meta(&[3], DType::F32), HostData::I32(vec![0; 3])).is_err());
     assert_eq!(be.name(), "cpu");
+}
+
+/// Random shapes (including zero and one dims) against naive index arithmetic.
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+        let mut idx = vec![0; shape.len()];
+        for d in (0..shape.len()).rev() {
+            idx[d] = i % shape[d];
+            i /= shape[d];
+        }
+        idx
+    }
+
+    fn ravel(idx: &[usize], shape: &[usize]) -> usize {
+        idx.iter().zip(shape).fold(0, |acc, (&i, &n)| acc * n + i)
+    }
+
+    /// A suffix of `out` with some dims set to 1, chosen by `bits`.
+    fn broadcastable(out: &[usize], bits: u64) -> Vec<usize> {
+        let drop = (bits % (out.len() as u64 + 1)) as usize;
+        out[drop..].iter().enumerate().map(|(d, &n)| if bits >> (8 + d) & 1 == 1 { 1 } else { n }).collect()
+    }
+
+    fn read_broadcast(data: &[f32], shape: &[usize], out_idx: &[usize]) -> f32 {
+        let off = out_idx.len() - shape.len();
+        let idx: Vec<usize> =
+            shape.iter().enumerate().map(|(d, &n)| if n == 1 { 0 } else { out_idx[off + d] }).collect();
+        data[ravel(&idx, shape)]
+    }
+
+    fn numel(s: &[usize]) -> usize {
+        s.iter().product()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn binary_broadcast(out in prop::collection::vec(0usize..4, 0..=4), ba in any::<u64>(), bb in any::<u64>()) {
+            let (sa, sb) = (broadcastable(&out, ba), broadcastable(&out, bb));
+            let t = binary_trace(meta(&sa, DType::F32), meta(&sb, DType::F32), BinaryOp::Sub);
+            let os = t.meta(2).shape.to_vec();
+            let a: Vec<f32> = (0..numel(&sa)).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..numel(&sb)).map(|i| (i * 7) as f32).collect();
+            let got = f32s(&run1(&t, vec![HostData::F32(a.clone()), HostData::F32(b.clone())]));
+            let want: Vec<f32> = (0..numel(&os))
+                .map(|i| { let idx = unravel(i, &os); read_broadcast(&a, &sa, &idx) - read_broadcast(&b, &sb, &idx) })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+
+        #[test]
+        fn reduce_any_axes(shape in prop::collection::vec(0usize..4, 0..=4), bits in any::<u64>(), keepdim in any::<bool>()) {
+            let axes: Vec<usize> = (0..shape.len()).filter(|d| bits >> d & 1 == 1).collect();
+            let x: Vec<f32> = (0..numel(&shape)).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+            let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+            let kshape: Vec<usize> = kept.iter().map(|&d| shape[d]).collect();
+            let r: usize = axes.iter().map(|&d| shape[d]).product();
+            let mut sums = vec![0.0f32; numel(&kshape)];
+            let mut maxs = vec![f32::NEG_INFINITY; numel(&kshape)];
+            for (i, &v) in x.iter().enumerate() {
+                let idx = unravel(i, &shape);
+                let k = ravel(&kept.iter().map(|&d| idx[d]).collect::<Vec<_>>(), &kshape);
+                sums[k] += v;
+                maxs[k] = maxs[k].max(v);
+            }
+            let t = unary_trace(meta(&shape, DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&axes), keepdim });
+            prop_assert_eq!(f32s(&run1(&t, vec![HostData::F32(x.clone())])), sums);
+            let t = unary_trace(meta(&shape, DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: ax(&axes), keepdim });
+            let res = run(&t, vec![HostData::F32(x)]);
+            if r == 0 && !maxs.is_empty() {
+                prop_assert!(res.is_err());
+            } else {
+                prop_assert_eq!(f32s(&res.unwrap()[0]), maxs);
+            }
+        }
+
+        #[test]
+        fn permute_and_slice(shape in prop::collection::vec(0usize..5, 1..=4), bits in any::<u64>()) {
+            let rank = shape.len();
+            let mut perm: Vec<usize> = (0..rank).collect();
+            let mut b = bits;
+            for i in (1..rank).rev() {
+                perm.swap(i, (b % (i as u64 + 1)) as usize);
+                b /= 7;
+            }
+            let x: Vec<i64> = (0..numel(&shape) as i64).collect();
+            let t = unary_trace(meta(&shape, DType::I64), Op::Permute { perm: ax(&perm) });
+            let os: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let want: Vec<i64> = (0..numel(&os)).map(|i| {
+                let oi = unravel(i, &os);
+                let mut ii = vec![0; rank];
+                for (j, &p) in perm.iter().enumerate() { ii[p] = oi[j]; }
+                x[ravel(&ii, &shape)]
+            }).collect();
+            prop_assert_eq!(run1(&t, vec![HostData::I64(x.clone())]), HostData::I64(want));
+
+            let axis = (bits % rank as u64) as usize;
+            let dim = shape[axis];
+            let start = ((bits >> 8) as usize) % (dim + 1);
+            let stop = start + ((bits >> 16) as usize) % (dim - start + 1);
+            let step = 1 + ((bits >> 24) as usize) % 3;
+            let t = unary_trace(meta(&shape, DType::I64), Op::Slice { axis, start, stop, step });
+            let os = t.meta(1).shape.to_vec();
+            let want: Vec<i64> = (0..numel(&os)).map(|i| {
+                let mut idx = unravel(i, &os);
+                idx[axis] = start + idx[axis] * step;
+                x[ravel(&idx, &shape)]
+            }).collect();
+            prop_assert_eq!(run1(&t, vec![HostData::I64(x)]), HostData::I64(want));
+        }
+    }
 }

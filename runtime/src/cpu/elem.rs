@@ -332,7 +332,10 @@ pub(crate) fn map_same<T: Elem>(x: Input<'_, T>, f: impl Fn(T::D) -> T::D + Sync
 }
 
 /// `f` applied to every element of `src` into a new vector.
-pub(crate) fn map_new<T: Copy + Sync, O: Default + Clone + Send>(src: &[T], f: impl Fn(T) -> O + Sync + Send) -> Vec<O> {
+pub(crate) fn map_new<T: Copy + Sync, O: Default + Clone + Send>(
+    src: &[T],
+    f: impl Fn(T) -> O + Sync + Send,
+) -> Vec<O> {
     build(src.len(), |start, out| {
         for (o, &e) in out.iter_mut().zip(&src[start..]) {
             *o = f(e);

@@ -165,13 +165,34 @@ fn fmin(x: f32, y: f32) -> f32 {
 macro_rules! float_arith {
     ($kind:expr, |$f:ident| $body:expr) => {
         match $kind {
-            BinaryOp::Add => { let $f = |x: f32, y: f32| x + y; Some($body) }
-            BinaryOp::Sub => { let $f = |x: f32, y: f32| x - y; Some($body) }
-            BinaryOp::Mul => { let $f = |x: f32, y: f32| x * y; Some($body) }
-            BinaryOp::Div => { let $f = |x: f32, y: f32| x / y; Some($body) }
-            BinaryOp::Pow => { let $f = |x: f32, y: f32| x.powf(y); Some($body) }
-            BinaryOp::Maximum => { let $f = fmax; Some($body) }
-            BinaryOp::Minimum => { let $f = fmin; Some($body) }
+            BinaryOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                Some($body)
+            }
+            BinaryOp::Sub => {
+                let $f = |x: f32, y: f32| x - y;
+                Some($body)
+            }
+            BinaryOp::Mul => {
+                let $f = |x: f32, y: f32| x * y;
+                Some($body)
+            }
+            BinaryOp::Div => {
+                let $f = |x: f32, y: f32| x / y;
+                Some($body)
+            }
+            BinaryOp::Pow => {
+                let $f = |x: f32, y: f32| x.powf(y);
+                Some($body)
+            }
+            BinaryOp::Maximum => {
+                let $f = fmax;
+                Some($body)
+            }
+            BinaryOp::Minimum => {
+                let $f = fmin;
+                Some($body)
+            }
             _ => None,
         }
     };
@@ -180,12 +201,30 @@ macro_rules! float_arith {
 macro_rules! int_arith {
     ($kind:expr, |$f:ident| $body:expr) => {
         match $kind {
-            BinaryOp::Add => { let $f = |x: i64, y: i64| x.wrapping_add(y); Some($body) }
-            BinaryOp::Sub => { let $f = |x: i64, y: i64| x.wrapping_sub(y); Some($body) }
-            BinaryOp::Mul => { let $f = |x: i64, y: i64| x.wrapping_mul(y); Some($body) }
-            BinaryOp::Pow => { let $f = int_pow; Some($body) }
-            BinaryOp::Maximum => { let $f = |x: i64, y: i64| x.max(y); Some($body) }
-            BinaryOp::Minimum => { let $f = |x: i64, y: i64| x.min(y); Some($body) }
+            BinaryOp::Add => {
+                let $f = |x: i64, y: i64| x.wrapping_add(y);
+                Some($body)
+            }
+            BinaryOp::Sub => {
+                let $f = |x: i64, y: i64| x.wrapping_sub(y);
+                Some($body)
+            }
+            BinaryOp::Mul => {
+                let $f = |x: i64, y: i64| x.wrapping_mul(y);
+                Some($body)
+            }
+            BinaryOp::Pow => {
+                let $f = int_pow;
+                Some($body)
+            }
+            BinaryOp::Maximum => {
+                let $f = |x: i64, y: i64| x.max(y);
+                Some($body)
+            }
+            BinaryOp::Minimum => {
+                let $f = |x: i64, y: i64| x.min(y);
+                Some($body)
+            }
             _ => None,
         }
     };
@@ -195,12 +234,30 @@ macro_rules! int_arith {
 macro_rules! compare {
     ($kind:expr, $ty:ty, |$f:ident| $body:expr) => {
         match $kind {
-            BinaryOp::Eq => { let $f = |x: $ty, y: $ty| x == y; Some($body) }
-            BinaryOp::Ne => { let $f = |x: $ty, y: $ty| x != y; Some($body) }
-            BinaryOp::Lt => { let $f = |x: $ty, y: $ty| x < y; Some($body) }
-            BinaryOp::Le => { let $f = |x: $ty, y: $ty| x <= y; Some($body) }
-            BinaryOp::Gt => { let $f = |x: $ty, y: $ty| x > y; Some($body) }
-            BinaryOp::Ge => { let $f = |x: $ty, y: $ty| x >= y; Some($body) }
+            BinaryOp::Eq => {
+                let $f = |x: $ty, y: $ty| x == y;
+                Some($body)
+            }
+            BinaryOp::Ne => {
+                let $f = |x: $ty, y: $ty| x != y;
+                Some($body)
+            }
+            BinaryOp::Lt => {
+                let $f = |x: $ty, y: $ty| x < y;
+                Some($body)
+            }
+            BinaryOp::Le => {
+                let $f = |x: $ty, y: $ty| x <= y;
+                Some($body)
+            }
+            BinaryOp::Gt => {
+                let $f = |x: $ty, y: $ty| x > y;
+                Some($body)
+            }
+            BinaryOp::Ge => {
+                let $f = |x: $ty, y: $ty| x >= y;
+                Some($body)
+            }
             _ => None,
         }
     };
@@ -210,8 +267,14 @@ macro_rules! compare {
 macro_rules! bool_ops {
     ($kind:expr, |$f:ident| $body:expr) => {
         match $kind {
-            BinaryOp::LogicalAnd => { let $f = |x: bool, y: bool| x && y; Some($body) }
-            BinaryOp::LogicalOr => { let $f = |x: bool, y: bool| x || y; Some($body) }
+            BinaryOp::LogicalAnd => {
+                let $f = |x: bool, y: bool| x && y;
+                Some($body)
+            }
+            BinaryOp::LogicalOr => {
+                let $f = |x: bool, y: bool| x || y;
+                Some($body)
+            }
             k => compare!(k, bool, |$f| $body),
         }
     };
@@ -505,8 +568,12 @@ pub(crate) fn cast(src: Src<'_>, to: DType) -> Result<HostData> {
                 (d, to) if d.dtype() == to => d,
                 (HostData::F32(v), DType::I32) => HostData::I32(convert_in_place(v, |e: f32| e as i32)),
                 (HostData::I32(v), DType::F32) => HostData::F32(convert_in_place(v, |e: i32| e as f32)),
-                (HostData::BF16(v), DType::F16) => HostData::F16(convert_in_place(v, |e: bf16| f16::from_f32(e.to_f32()))),
-                (HostData::F16(v), DType::BF16) => HostData::BF16(convert_in_place(v, |e: f16| bf16::from_f32(e.to_f32()))),
+                (HostData::BF16(v), DType::F16) => {
+                    HostData::F16(convert_in_place(v, |e: bf16| f16::from_f32(e.to_f32())))
+                }
+                (HostData::F16(v), DType::BF16) => {
+                    HostData::BF16(convert_in_place(v, |e: f16| bf16::from_f32(e.to_f32())))
+                }
                 (d, to) => cast(Src::Borrowed(&d), to)?,
             })
         }

@@ -57,7 +57,10 @@ pub(crate) fn slice(
     step: usize,
 ) -> Result<HostData> {
     if axis >= shape.len() || step == 0 || start > stop || stop > shape[axis] {
-        return Err(Error::attr("slice", format!("slice {start}..{stop} step {step} is invalid for axis {axis} of {shape:?}")));
+        return Err(Error::attr(
+            "slice",
+            format!("slice {start}..{stop} step {step} is invalid for axis {axis} of {shape:?}"),
+        ));
     }
     let mut strides = row_major(shape);
     let mut out_shape: Strides = shape.into();

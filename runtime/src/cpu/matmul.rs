@@ -86,7 +86,7 @@ pub(crate) fn matmul(a: &HostData, sa: &[usize], b: &HostData, sb: &[usize], out
         walk(out_batch, [&astr, &bstr], 0, batches, |_, [oa, ob], run| {
             offsets.extend((0..run).map(|t| (oa + t * ai, ob + t * bi)));
         });
-        let flops = m * n * k;
+        let flops = m.saturating_mul(n).saturating_mul(k);
         let one = |dst: &mut [f32], (oa, ob): (usize, usize), par| {
             gemm_f32(dst, &x[oa..oa + m * k], &y[ob..ob + k * n], m, k, n, par)
         };

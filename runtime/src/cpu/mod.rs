@@ -6,7 +6,11 @@
 //!   integers compute in i64 and wrap to their dtype with `as`; bool is bool;
 //! - reductions accumulate float sums and products in f64 (see [`reduce`]);
 //! - GELU's erf form uses an f64 erf ([`erf`]) accurate to ~1e-16;
-//! - random values follow the documented stream in [`random`].
+//! - random values follow the documented stream in [`random`];
+//! - the fused row forms (softmax, log_softmax, layer_norm, rms_norm) follow
+//!   their primitive decomposition step for step (bit-identical on f32).
+//!
+//! Nodes no output needs are skipped.
 //!
 //! Memory: each value is dropped right after its last use, and elementwise
 //! ops (unary, same-size cast, binary) and reshape overwrite an input that is
@@ -65,7 +69,12 @@ impl Backend for CpuBackend {
             return Err(Error::dtype("upload", "data dtype differs from the buffer's", &[meta.dtype, data.dtype()]));
         }
         if data.len() != meta.numel() {
-            return Err(Error::DataLength { op: "upload".into(), len: data.len(), shape: meta.shape.clone(), numel: meta.numel() });
+            return Err(Error::DataLength {
+                op: "upload".into(),
+                len: data.len(),
+                shape: meta.shape.clone(),
+                numel: meta.numel(),
+            });
         }
         Ok(Arc::new(Buffer::host(meta, data, &self.tracker)))
     }
@@ -173,10 +182,9 @@ impl CpuExecutable {
                         Arg::Owned(d, lease) => {
                             reused(meta, elementwise::binary_in_place(*kind, d, false, host(&a)?, &sa, shape)?, lease)
                         }
-                        Arg::Shared(b) => self.fresh(
-                            meta,
-                            elementwise::binary_new(*kind, host(&a)?, &sa, host(&b)?, &sb, shape)?,
-                        ),
+                        Arg::Shared(b) => {
+                            self.fresh(meta, elementwise::binary_new(*kind, host(&a)?, &sa, host(&b)?, &sb, shape)?)
+                        }
                     },
                 };
             }
@@ -352,8 +360,5 @@ fn check_data(meta: &Meta, data: &HostData) -> Result<()> {
 /// Exactly `N` operands.
 fn fixed<const N: usize>(args: SmallVec<[Arc<Buffer>; 3]>) -> Result<[Arc<Buffer>; N]> {
     let n = args.len();
-    args.into_iter()
-        .collect::<Vec<_>>()
-        .try_into()
-        .map_err(|_| internal(format!("expected {N} operands, got {n}")))
+    args.into_iter().collect::<Vec<_>>().try_into().map_err(|_| internal(format!("expected {N} operands, got {n}")))
 }

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use trace_ir::shape::numel;
-use trace_ir::{ArgReduceOp, Error, Result, ReduceOp};
+use trace_ir::{ArgReduceOp, Error, ReduceOp, Result};
 
 use super::elem::{build, by_dtype, row_major, typed, walk, Elem, Strides, CHUNK, PAR_THRESHOLD};
 use crate::buffer::HostData;
@@ -152,7 +152,9 @@ fn reduce_int<T: Elem<D = i64>>(kind: ReduceOp, x: &[T], p: &Plan) -> Result<Vec
         ReduceOp::Prod => fold(x, p, 1i64, i64::wrapping_mul, i64::wrapping_mul, T::store),
         ReduceOp::Max => fold(x, p, i64::MIN, i64::max, i64::max, T::store),
         ReduceOp::Min => fold(x, p, i64::MAX, i64::min, i64::min, T::store),
-        ReduceOp::Mean => return Err(Error::dtype("mean", "integer inputs are not supported", &[trace_ir::DType::I64])),
+        ReduceOp::Mean => {
+            return Err(Error::dtype("mean", "integer inputs are not supported", &[trace_ir::DType::I64]))
+        }
     })
 }
 
@@ -217,7 +219,11 @@ pub(crate) fn arg_reduce(kind: ArgReduceOp, axis: usize, data: &HostData, shape:
     let inner = numel(&shape[axis + 1..]);
     let out_n = numel(&shape[..axis]) * inner;
     if dim == 0 && out_n > 0 {
-        return Err(Error::shape(name, "cannot take an arg-reduction over an empty axis", &[&trace_ir::shape::shape(shape)]));
+        return Err(Error::shape(
+            name,
+            "cannot take an arg-reduction over an empty axis",
+            &[&trace_ir::shape::shape(shape)],
+        ));
     }
     let max = kind == ArgReduceOp::Argmax;
     let dt = data.dtype();
