@@ -9,6 +9,16 @@ pub const ENV_MAX_PENDING_OPS: &str = "TORCH_TPU_MAX_PENDING_OPS";
 /// Which checks Debug mode runs after every op.
 pub const ENV_DEBUG_CHECKS: &str = "TORCH_TPU_DEBUG_CHECKS";
 
+/// How fused kernels round: `once` (default) or `per_op`.
+pub const ENV_FUSED_ROUNDING: &str = "TORCH_TPU_FUSED_ROUNDING";
+/// Where compiled programs are kept across processes, or `off`.
+pub const ENV_CACHE_DIR: &str = "TORCH_TPU_CACHE_DIR";
+/// The byte budget of the on-disk cache.
+pub const ENV_CACHE_BYTES: &str = "TORCH_TPU_CACHE_BYTES";
+
+/// The default on-disk cache budget: 256 MiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
+
 /// The default pending-trace limit: large enough that real programs flush
 /// because they read a value, small enough that an endless op stream stays
 /// bounded in memory.
@@ -93,18 +103,61 @@ impl std::str::FromStr for DebugChecks {
     }
 }
 
+/// How fused kernels round low-precision results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FusedRounding {
+    /// Compute in f32 and round once at each kernel output: more accurate
+    /// than eager bf16, but not bit-identical to it.
+    #[default]
+    Once,
+    /// Round to the storage dtype after every fused op, as eager execution does.
+    PerOp,
+}
+
+impl std::str::FromStr for FusedRounding {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<FusedRounding> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "once" => Ok(FusedRounding::Once),
+            "per_op" => Ok(FusedRounding::PerOp),
+            _ => Err(Error::Config { var: ENV_FUSED_ROUNDING.into(), value: s.into(), valid: "once, per_op".into() }),
+        }
+    }
+}
+
 /// Everything a [`crate::Context`] is configured with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub mode: Mode,
     pub max_pending_ops: usize,
     pub debug_checks: DebugChecks,
+    pub fused_rounding: FusedRounding,
+    /// The on-disk cache directory; `None` disables it.
+    pub cache_dir: Option<std::path::PathBuf>,
+    pub cache_bytes: u64,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { mode: Mode::Strict, max_pending_ops: DEFAULT_MAX_PENDING_OPS, debug_checks: DebugChecks::default() }
+        Config {
+            mode: Mode::Strict,
+            max_pending_ops: DEFAULT_MAX_PENDING_OPS,
+            debug_checks: DebugChecks::default(),
+            fused_rounding: FusedRounding::Once,
+            cache_dir: None,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
     }
+}
+
+/// The per-user default cache directory: `$XDG_CACHE_HOME/deferfuse`, else
+/// `$HOME/.cache/deferfuse`, else none.
+pub fn default_cache_dir(get: &impl Fn(&str) -> Option<String>) -> Option<std::path::PathBuf> {
+    let base = get("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| get("HOME").filter(|v| !v.is_empty()).map(|h| std::path::Path::new(&h).join(".cache")))?;
+    Some(base.join("deferfuse"))
 }
 
 impl Config {
@@ -112,7 +165,9 @@ impl Config {
         Config { mode, ..Config::default() }
     }
 
-    /// Reads the `TORCH_TPU_*` variables of this process.
+    /// Reads the `TORCH_TPU_*` variables of this process. The on-disk cache
+    /// is on by default here (at [`default_cache_dir`]); `Config::default()`
+    /// leaves it off, so tests and embedders opt in.
     pub fn from_env() -> Result<Config> {
         Config::from_vars(|k| std::env::var(k).ok())
     }
@@ -133,6 +188,21 @@ impl Config {
         }
         if let Some(v) = get(ENV_DEBUG_CHECKS) {
             config.debug_checks = v.parse()?;
+        }
+        if let Some(v) = get(ENV_FUSED_ROUNDING) {
+            config.fused_rounding = v.parse()?;
+        }
+        config.cache_dir = match get(ENV_CACHE_DIR) {
+            Some(v) if v.trim().eq_ignore_ascii_case("off") => None,
+            Some(v) if !v.trim().is_empty() => Some(v.trim().into()),
+            _ => default_cache_dir(&get),
+        };
+        if let Some(v) = get(ENV_CACHE_BYTES) {
+            config.cache_bytes = v.trim().parse().map_err(|_| Error::Config {
+                var: ENV_CACHE_BYTES.into(),
+                value: v.clone(),
+                valid: "a number of bytes".into(),
+            })?;
         }
         Ok(config)
     }

@@ -19,6 +19,7 @@ mod cache;
 pub mod config;
 mod context;
 mod display;
+pub mod disk_cache;
 mod element;
 pub mod ops;
 mod pending;
@@ -26,7 +27,7 @@ mod stream;
 mod tensor;
 
 pub use cache::CacheStats;
-pub use config::{Config, DebugChecks, Mode};
+pub use config::{Config, DebugChecks, FusedRounding, Mode};
 pub use context::{Context, EngineStats};
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};

@@ -20,7 +20,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 fn context(mode: Mode, max_pending_ops: usize) -> Context {
-    let config = Config { mode, max_pending_ops, debug_checks: DebugChecks { nan: false, inf: false } };
+    let config = Config { mode, max_pending_ops, debug_checks: DebugChecks { nan: false, inf: false }, ..Config::default() };
     Context::new(config).unwrap()
 }
 

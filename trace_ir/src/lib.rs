@@ -8,6 +8,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod generate;
 pub mod infer;
 mod json;
 mod literal;
