@@ -18,6 +18,7 @@
 mod cache;
 pub mod config;
 mod context;
+pub mod differential;
 mod display;
 pub mod disk_cache;
 mod element;

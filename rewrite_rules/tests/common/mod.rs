@@ -1,6 +1,8 @@
 //! Building traces as the engine records them, and checking the contract of `optimize`.
 #![allow(dead_code)]
 
+pub mod rule_traces;
+
 use std::time::Duration;
 
 use rewrite_rules::{optimize, Optimized, RewriteConfig};
