@@ -103,35 +103,32 @@ impl std::str::FromStr for DebugChecks {
     }
 }
 
-/// How fused kernels round low-precision results.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum FusedRounding {
-    /// Compute in f32 and round once at each kernel output: more accurate
-    /// than eager bf16, but not bit-identical to it.
-    #[default]
-    Once,
-    /// Round to the storage dtype after every fused op, as eager execution does.
-    PerOp,
-}
+/// How fused kernels round low-precision results (`once` or `per_op`).
+pub use rewrite_rules::planner::Rounding as FusedRounding;
 
-impl std::str::FromStr for FusedRounding {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<FusedRounding> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "once" => Ok(FusedRounding::Once),
-            "per_op" => Ok(FusedRounding::PerOp),
-            _ => Err(Error::Config { var: ENV_FUSED_ROUNDING.into(), value: s.into(), valid: "once, per_op".into() }),
-        }
+fn parse_rounding(s: &str) -> Result<FusedRounding> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "once" => Ok(FusedRounding::Once),
+        "per_op" => Ok(FusedRounding::PerOp),
+        _ => Err(Error::Config { var: ENV_FUSED_ROUNDING.into(), value: s.into(), valid: "once, per_op".into() }),
     }
 }
 
+/// Whether DeferAndFuse rewrites and fuses (`on`) or runs its traces op by
+/// op (`off`), to bisect a numerical difference.
+pub const ENV_FUSION: &str = "TORCH_TPU_FUSION";
+
 /// Everything a [`crate::Context`] is configured with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Config {
     pub mode: Mode,
     pub max_pending_ops: usize,
     pub debug_checks: DebugChecks,
     pub fused_rounding: FusedRounding,
+    /// DeferAndFuse rewrites and fuses its traces (on by default).
+    pub fusion: bool,
+    /// Limits and rule sets of the e-graph rewrites.
+    pub rewrite: rewrite_rules::RewriteConfig,
     /// The on-disk cache directory; `None` disables it.
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_bytes: u64,
@@ -144,6 +141,8 @@ impl Default for Config {
             max_pending_ops: DEFAULT_MAX_PENDING_OPS,
             debug_checks: DebugChecks::default(),
             fused_rounding: FusedRounding::Once,
+            fusion: true,
+            rewrite: rewrite_rules::RewriteConfig::default(),
             cache_dir: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
         }
@@ -190,7 +189,14 @@ impl Config {
             config.debug_checks = v.parse()?;
         }
         if let Some(v) = get(ENV_FUSED_ROUNDING) {
-            config.fused_rounding = v.parse()?;
+            config.fused_rounding = parse_rounding(&v)?;
+        }
+        if let Some(v) = get(ENV_FUSION) {
+            config.fusion = match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => return Err(Error::Config { var: ENV_FUSION.into(), value: v.clone(), valid: "on, off".into() }),
+            };
         }
         config.cache_dir = match get(ENV_CACHE_DIR) {
             Some(v) if v.trim().eq_ignore_ascii_case("off") => None,

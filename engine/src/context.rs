@@ -5,9 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use runtime::{Backend, Buffer, CpuBackend, HostData, MemoryStats, MemoryTracker};
+use rewrite_rules::planner::PlanConfig;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
-use crate::cache::{CacheStats, ProgramCache};
+use crate::disk_cache::DiskCache;
+use crate::pipeline::{CacheStats, Pipeline, Prepared, Preparation};
 use crate::config::{Config, Mode};
 use crate::element::Element;
 use crate::pending::PendingTrace;
@@ -17,7 +19,9 @@ use crate::tensor::{Cell, Tensor, TensorInner};
 pub(crate) struct Shared {
     pub config: Config,
     pub backend: Arc<dyn Backend>,
-    cache: Arc<ProgramCache>,
+    pipeline: Arc<Pipeline>,
+    /// What the last DeferAndFuse flush ran, for inspection.
+    last_flush: Mutex<Option<FlushReport>>,
     /// The Strict stream; absent in the other modes.
     stream: Option<Stream>,
     /// The DeferAndFuse pending trace. Its lock also serializes flushes.
@@ -34,6 +38,30 @@ pub struct EngineStats {
     /// DeferAndFuse flushes that ran a program.
     pub flushes: u64,
     pub cache: CacheStats,
+}
+
+/// What one DeferAndFuse flush ran: read it with [`Context::last_flush`].
+#[derive(Debug, Clone)]
+pub struct FlushReport {
+    /// Nodes of the pending trace after pruning.
+    pub trace_nodes: usize,
+    /// Kernels of the program that ran.
+    pub kernels: usize,
+    /// Rules that fired, when this flush rewrote (a cache hit did not).
+    pub rules_fired: Option<std::collections::BTreeMap<String, usize>>,
+    /// The program itself.
+    pub program: Arc<rewrite_rules::program::Program>,
+}
+
+impl FlushReport {
+    fn new(trace_nodes: usize, prepared: &Prepared) -> Self {
+        FlushReport {
+            trace_nodes,
+            kernels: prepared.program.kernels.len(),
+            rules_fired: prepared.rewrite.as_ref().map(|r| r.rules_fired.clone()),
+            program: prepared.program.clone(),
+        }
+    }
 }
 
 /// An engine instance. Cloning shares it.
@@ -60,9 +88,15 @@ impl Context {
     }
 
     pub fn with_backend(config: Config, backend: Arc<dyn Backend>) -> Result<Context> {
-        let cache = Arc::new(ProgramCache::default());
+        let disk = config.cache_dir.as_ref().and_then(|dir| {
+            DiskCache::open(dir.join(backend.name()), config.cache_bytes)
+                .map_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "on-disk cache disabled"))
+                .ok()
+        });
+        let plan = PlanConfig { rounding: config.fused_rounding, ..PlanConfig::default() };
+        let pipeline = Arc::new(Pipeline::new(backend.clone(), config.rewrite.clone(), plan, disk));
         let stream = match config.mode {
-            Mode::Strict => Some(Stream::start(backend.clone(), cache.clone())?),
+            Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone())?),
             _ => None,
         };
         tracing::debug!(mode = %config.mode, backend = backend.name(), "new context");
@@ -70,7 +104,8 @@ impl Context {
             shared: Arc::new(Shared {
                 config,
                 backend,
-                cache,
+                pipeline,
+                last_flush: Mutex::new(None),
                 stream,
                 pending: Mutex::new(PendingTrace::new(0)),
                 ops_recorded: AtomicU64::new(0),
@@ -105,8 +140,13 @@ impl Context {
         EngineStats {
             ops_recorded: self.shared.ops_recorded.load(Ordering::Relaxed),
             flushes: self.shared.flushes.load(Ordering::Relaxed),
-            cache: self.shared.cache.stats(),
+            cache: self.shared.pipeline.stats(),
         }
+    }
+
+    /// What the last DeferAndFuse flush ran (kernels, rules fired, program).
+    pub fn last_flush(&self) -> Option<FlushReport> {
+        self.shared.last_flush.lock().unwrap().clone()
     }
 
     /// Runs everything issued so far: DeferAndFuse flushes its pending trace,
@@ -170,7 +210,7 @@ impl Shared {
                 let buffers = inputs.iter().map(|t| self.materialize(&t.0)).collect::<Result<Vec<_>>>()?;
                 let input_metas: Vec<Meta> = metas.into_iter().cloned().collect();
                 let trace = single_op_trace(&op, &input_metas)?;
-                let exe = self.cache.get_or_compile(&*self.backend, &trace)?;
+                let (exe, _) = self.pipeline.executable(&trace, Preparation::Unfused)?;
                 let out = exe.run(buffers)?.pop().ok_or_else(|| Error::backend(self.backend.name(), "no output"))?;
                 self.check_finite(&op, &input_metas, &out)?;
                 Ok(Tensor(TensorInner::new(self.clone(), meta, Cell::Ready(out))))
@@ -210,10 +250,12 @@ impl Shared {
         let Some(plan) = pending.take() else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), "flush");
-        let result = self
-            .cache
-            .get_or_compile(&*self.backend, &plan.trace)
-            .and_then(|exe| exe.run(plan.inputs));
+        let how = if self.config.fusion { Preparation::Fused } else { Preparation::Unfused };
+        let nodes = plan.trace.len();
+        let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
+            *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, &prepared));
+            exe.run(plan.inputs)
+        });
         match result {
             Ok(buffers) => {
                 for (tensor, buffer) in plan.holders.iter().zip(buffers) {

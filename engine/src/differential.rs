@@ -7,9 +7,12 @@
 //!
 //! | dtype | rtol | atol | why |
 //! | --- | --- | --- | --- |
-//! | f32 | 1e-5 | 1e-6 | fused kernels use polynomial transcendentals (≤ a few ulp) and other summation orders |
-//! | f16 | 2e-3 | 1e-3 | one f16 rounding (2^-11) of slightly different f32 values, twice |
-//! | bf16 | 1.6e-2 | 1e-2 | one bf16 rounding (2^-8) of slightly different f32 values, twice |
+//! | f32 | 1e-5 | 1e-5 | fused kernels use polynomial transcendentals (≤ a few ulp) and other summation orders |
+//! | f16 | 8e-3 | 8e-3 | eager rounds every op to f16 (2^-11), fused rounds once; a later exp or division amplifies the difference |
+//! | bf16 | 6.25e-2 | 6.25e-2 | the same with bf16 (2^-8) |
+//!
+//! An f32 output computed from bf16 or f16 values is held to the looser
+//! tolerance (see [`compare`]).
 //! | i32, i64, bool | 0 | 0 | exact |
 
 use runtime::HostData;
@@ -25,9 +28,9 @@ pub struct Tolerance {
 /// The written tolerance of a dtype (see the module table).
 pub fn tolerance(dtype: DType) -> Tolerance {
     match dtype {
-        DType::F32 => Tolerance { rtol: 1e-5, atol: 1e-6 },
-        DType::F16 => Tolerance { rtol: 2e-3, atol: 1e-3 },
-        DType::BF16 => Tolerance { rtol: 1.6e-2, atol: 1e-2 },
+        DType::F32 => Tolerance { rtol: 1e-5, atol: 1e-5 },
+        DType::F16 => Tolerance { rtol: 8e-3, atol: 8e-3 },
+        DType::BF16 => Tolerance { rtol: 6.25e-2, atol: 6.25e-2 },
         DType::I32 | DType::I64 | DType::Bool => Tolerance { rtol: 0.0, atol: 0.0 },
     }
 }
@@ -43,8 +46,11 @@ pub fn close(a: f64, b: f64, tol: Tolerance) -> bool {
     (a - b).abs() <= tol.atol + tol.rtol * b.abs()
 }
 
-/// Compares two result sets; the error names the output, the index and both values.
-pub fn compare(actual: &[HostData], expected: &[HostData], tolerance_scale: f64) -> Result<(), String> {
+/// Compares two result sets; the error names the output, the index and both
+/// values. Each output is held to its dtype's tolerance, or to `loosest`'s
+/// when that is looser: a fused f32 output computed from bf16 values differs
+/// from the eager one by bf16 roundings the fused kernel did not do.
+pub fn compare(actual: &[HostData], expected: &[HostData], loosest: Option<DType>) -> Result<(), String> {
     if actual.len() != expected.len() {
         return Err(format!("{} outputs, expected {}", actual.len(), expected.len()));
     }
@@ -52,8 +58,11 @@ pub fn compare(actual: &[HostData], expected: &[HostData], tolerance_scale: f64)
         if a.dtype() != e.dtype() || a.len() != e.len() {
             return Err(format!("output {i}: {} x {} vs {} x {}", a.dtype(), a.len(), e.dtype(), e.len()));
         }
-        let base = tolerance(e.dtype());
-        let tol = Tolerance { rtol: base.rtol * tolerance_scale, atol: base.atol * tolerance_scale };
+        let own = tolerance(e.dtype());
+        let tol = match loosest.map(tolerance) {
+            Some(l) if e.dtype().is_float() && l.rtol > own.rtol => l,
+            _ => own,
+        };
         let (av, ev) = (a.to_f64_vec(), e.to_f64_vec());
         if let Some(j) = (0..av.len()).find(|&j| !close(av[j], ev[j], tol)) {
             return Err(format!("output {i} ({}), element {j}: {} vs {} (tolerance {tol:?})", e.dtype(), av[j], ev[j]));
@@ -101,6 +110,107 @@ pub fn run_reference(trace: &trace_ir::Trace, inputs: &[HostData]) -> trace_ir::
         .zip(inputs)
         .map(|(&p, data)| backend.upload(trace.meta(p).clone(), data.clone()))
         .collect::<trace_ir::Result<Vec<_>>>()?;
-    let exe = backend.compile(trace)?;
+    let exe = backend.compile(&rewrite_rules::program::Program::unfused(trace))?;
     exe.run(buffers)?.iter().map(|b| backend.download(b)).collect()
+}
+
+/// Runs `trace` the way DeferAndFuse does (e-graph rewrites, the kernel
+/// planner, fused kernels on the native CPU backend), without any cache.
+pub fn run_fused(trace: &trace_ir::Trace, inputs: &[HostData], config: &crate::Config) -> trace_ir::Result<Vec<HostData>> {
+    use runtime::{Backend, CpuBackend, MemoryTracker};
+    let optimized = rewrite_rules::optimize(trace, &config.rewrite)?.trace;
+    let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
+    let program = rewrite_rules::planner::plan(&optimized, &plan_config)?;
+    let backend = CpuBackend::new(MemoryTracker::new());
+    let buffers = trace
+        .parameters()
+        .iter()
+        .zip(inputs)
+        .map(|(&p, data)| backend.upload(trace.meta(p).clone(), data.clone()))
+        .collect::<trace_ir::Result<Vec<_>>>()?;
+    let exe = backend.compile(&program)?;
+    exe.run(buffers)?.iter().map(|b| backend.download(b)).collect()
+}
+
+/// The differential check the fuzz target and the property tests share: a
+/// trace generated from `bytes` (made well conditioned, see below) runs fused
+/// (with per-op rounding) and op by op on random inputs, and the results must
+/// agree.
+///
+/// Ops with discontinuities (comparisons, floor, sign, casts to integers,
+/// arg-reductions) are left out of these traces: a 1-ulp difference from a
+/// fused transcendental may legitimately flip them, which would hide real
+/// bugs behind noise. They are covered by exact tests elsewhere.
+pub fn check_generated(bytes: &[u8]) -> Result<(), String> {
+    let mut source = trace_ir::generate::Bytes::new(bytes);
+    let generated = trace_ir::generate::random_trace(&mut source, 12);
+    let trace = continuous_only(&generated.trace);
+    let seed = trace_ir::signature::fnv1a64(bytes);
+    let inputs = random_inputs(&generated.params, seed);
+    let expected = run_reference(&trace, &inputs).map_err(|e| format!("reference failed: {e}"))?;
+    // Per-op rounding makes fused bf16/f16 kernels round where eager does, so
+    // the check sees kernel errors rather than the (documented, intended)
+    // difference of rounding once, which ill-conditioned ops like sin of a
+    // large argument amplify without bound.
+    let config = crate::Config { fused_rounding: crate::FusedRounding::PerOp, ..crate::Config::default() };
+    let actual = run_fused(&trace, &inputs, &config).map_err(|e| format!("fused run failed: {e}\n{}", trace.to_json()))?;
+    compare(&actual, &expected, loosest_float(&trace)).map_err(|e| format!("{e}\ntrace: {}", trace.to_json()))
+}
+
+/// The least precise float dtype any node of `trace` has.
+pub fn loosest_float(trace: &trace_ir::Trace) -> Option<DType> {
+    trace.nodes.iter().map(|n| n.meta.dtype).filter(|d| d.is_float()).max_by(|a, b| tolerance(*a).rtol.total_cmp(&tolerance(*b).rtol))
+}
+
+/// `trace` made well conditioned for a differential check: it stops before
+/// the first discontinuous op, and every operand at a pole or domain edge
+/// (the input of sqrt, rsqrt, log and reciprocal, and every divisor) is replaced by `|x| + 1`. Each unconsumed value is an output.
+fn continuous_only(trace: &trace_ir::Trace) -> trace_ir::Trace {
+    use trace_ir::{BinaryOp, Op, UnaryOp};
+    let discontinuous = |op: &Op| match op {
+        Op::Unary { kind } => matches!(kind, UnaryOp::Floor | UnaryOp::Sign),
+        // Powers of random bases and exponents are too ill-conditioned for a
+        // fixed tolerance; pow has exact tests of its own.
+        Op::Binary { kind } => kind.returns_bool() || *kind == BinaryOp::Pow,
+        Op::Cast { to } => !to.is_float(),
+        Op::ArgReduce { .. } | Op::Where => true,
+        // Products of many random values amplify ulp differences beyond any
+        // fixed tolerance; sums and means are well conditioned.
+        Op::Reduce { kind, .. } => matches!(kind, trace_ir::ReduceOp::Prod),
+        _ => false,
+    };
+    let guarded = |op: &Op, input: usize| match op {
+        Op::Unary { kind } => matches!(kind, UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log | UnaryOp::Reciprocal),
+        Op::Binary { kind: BinaryOp::Div } => input == 1,
+        _ => false,
+    };
+    let mut out = trace_ir::Trace::new();
+    let mut remap = Vec::with_capacity(trace.len());
+    for node in &trace.nodes {
+        if discontinuous(&node.op) {
+            break;
+        }
+        let mut inputs: Vec<usize> = Vec::with_capacity(node.inputs.len());
+        for (k, &i) in node.inputs.iter().enumerate() {
+            let mut id = remap[i];
+            if guarded(&node.op, k) {
+                let dtype = out.meta(id).dtype;
+                let abs = out.push(Op::Unary { kind: UnaryOp::Abs }, &[id]).expect("abs of a float");
+                let one = out.push(Op::Full { value: 1.0, shape: Default::default(), dtype }, &[]).expect("a literal");
+                id = out.push(Op::Binary { kind: BinaryOp::Add }, &[abs, one]).expect("same dtype");
+            }
+            inputs.push(id);
+        }
+        let id = match &node.op {
+            Op::Parameter { .. } => out.push_parameter(node.meta.clone()),
+            op => out.push(op.clone(), &inputs).expect("the same op on inputs of the same metas"),
+        };
+        remap.push(id);
+    }
+    let uses = out.use_counts();
+    out.outputs = (0..out.len()).filter(|&i| uses[i] == 0 && !matches!(out.nodes[i].op, Op::Parameter { .. })).collect();
+    if out.outputs.is_empty() {
+        out.outputs.push(out.len() - 1);
+    }
+    out
 }

@@ -15,10 +15,10 @@
 //! - [`Tensor`]: a cheap handle with PyTorch-like ops ([`ops`](crate::ops));
 //! - [`Mode`], [`Config`]: the `TORCH_TPU_*` switches.
 
-mod cache;
 pub mod config;
 mod context;
 pub mod differential;
+pub mod pipeline;
 mod display;
 pub mod disk_cache;
 mod element;
@@ -27,9 +27,9 @@ mod pending;
 mod stream;
 mod tensor;
 
-pub use cache::CacheStats;
+pub use pipeline::{CacheStats, TierStats};
 pub use config::{Config, DebugChecks, FusedRounding, Mode};
-pub use context::{Context, EngineStats};
+pub use context::{Context, EngineStats, FlushReport};
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};
 pub use runtime::{HostData, MemoryStats};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use runtime::Backend;
 use trace_ir::{Error, Result};
 
-use crate::cache::ProgramCache;
+use crate::pipeline::{Pipeline, Preparation};
 use crate::context::single_op_trace;
 use crate::tensor::TensorInner;
 use trace_ir::Op;
@@ -22,7 +22,7 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
-    pub fn start(backend: Arc<dyn Backend>, cache: Arc<ProgramCache>) -> Result<Stream> {
+    pub fn start(backend: Arc<dyn Backend>, pipeline: Arc<Pipeline>) -> Result<Stream> {
         let (sender, receiver) = channel::<Job>();
         std::thread::Builder::new()
             .name("deferfuse-stream".into())
@@ -31,7 +31,7 @@ impl Stream {
                 for job in receiver {
                     match job {
                         Job::Run { op, inputs, output } => {
-                            let result = run_job(&*backend, &cache, &op, &inputs);
+                            let result = run_job(&*backend, &pipeline, &op, &inputs);
                             drop(inputs);
                             output.resolve(result);
                         }
@@ -59,14 +59,14 @@ impl Stream {
 
 fn run_job(
     backend: &dyn Backend,
-    cache: &ProgramCache,
+    pipeline: &Pipeline,
     op: &Op,
     inputs: &[Arc<TensorInner>],
 ) -> Result<Arc<runtime::Buffer>> {
     let buffers = inputs.iter().map(|t| t.wait_buffer()).collect::<Result<Vec<_>>>()?;
     let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();
     let trace = single_op_trace(op, &metas)?;
-    let exe = cache.get_or_compile(backend, &trace)?;
+    let (exe, _) = pipeline.executable(&trace, Preparation::Unfused)?;
     let mut out = exe.run(buffers)?;
     out.pop().ok_or_else(|| Error::backend(backend.name(), "program returned no output"))
 }

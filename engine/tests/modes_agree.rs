@@ -1,6 +1,8 @@
 //! Differential test of the three modes: random op sequences give bitwise
-//! equal results in Strict, Debug and DeferAndFuse (f32, while DeferAndFuse
-//! still runs its traces op by op), and the same errors at the same calls.
+//! equal results in Strict, Debug and DeferAndFuse with fusion off
+//! (`TORCH_TPU_FUSION=off`: the pending trace runs op by op), and the same
+//! errors at the same calls. Fused results are compared with a tolerance in
+//! `fused_vs_unfused.rs`.
 
 use deferfuse::{Config, Context, DType, DebugChecks, GeluApproximation, Mode, Result, Tensor};
 use proptest::prelude::*;
@@ -20,7 +22,13 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 fn context(mode: Mode, max_pending_ops: usize) -> Context {
-    let config = Config { mode, max_pending_ops, debug_checks: DebugChecks { nan: false, inf: false }, ..Config::default() };
+    let config = Config {
+        mode,
+        max_pending_ops,
+        debug_checks: DebugChecks { nan: false, inf: false },
+        fusion: false,
+        ..Config::default()
+    };
     Context::new(config).unwrap()
 }
 
@@ -105,7 +113,11 @@ fn run(mode: Mode, max_pending_ops: usize, steps: &[Step], drop_every: usize) ->
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x0de5),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn modes_agree_bitwise(steps in prop::collection::vec(step(), 1..40), drop_every in 0usize..4, limit in 1usize..50) {

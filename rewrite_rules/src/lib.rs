@@ -65,3 +65,9 @@ pub use guard::TensorRewrite;
 pub use language::{NodeKind, TensorNode};
 pub use optimize::{optimize, trace_cost, Optimized, RewriteConfig, RewriteReport};
 pub use rule_sets::RuleSets;
+
+// The fused program format and the kernel planner.
+pub mod planner;
+pub mod program;
+pub use planner::{plan, PlanConfig, Rounding};
+pub use program::{Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Store, View};

@@ -2,16 +2,17 @@
 
 use std::sync::Arc;
 
-use trace_ir::{Meta, Result, Trace};
+use rewrite_rules::program::Program;
+use trace_ir::{Meta, Result};
 
 use crate::buffer::{Buffer, HostData};
 use crate::memory::MemoryTracker;
 
 /// A compiled program, ready to run many times on new inputs.
 pub trait Executable: Send + Sync {
-    /// Runs on `inputs` (one per trace parameter, in parameter order) and
-    /// returns one buffer per trace output. Inputs are passed by value so the
-    /// executable can free each one after its last use, or reuse its memory.
+    /// Runs on `inputs` (one per program parameter, in parameter order) and
+    /// returns one buffer per program output. Inputs are passed by value so
+    /// the executable can free each one after its last use, or reuse its memory.
     fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>>;
 }
 
@@ -19,8 +20,9 @@ pub trait Executable: Send + Sync {
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Compiles a validated trace into an executable.
-    fn compile(&self, trace: &Trace) -> Result<Arc<dyn Executable>>;
+    /// Compiles a program (from [`Program::unfused`] or the planner) into an
+    /// executable.
+    fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>>;
 
     /// Moves host data into a new buffer of this backend.
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>>;

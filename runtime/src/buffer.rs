@@ -82,7 +82,20 @@ pub enum Storage {
 pub struct Buffer {
     meta: Meta,
     storage: Storage,
-    _lease: Lease,
+    /// `None` only once the storage has been taken out.
+    lease: Option<Lease>,
+}
+
+impl Drop for Buffer {
+    /// Hands large host allocations to the tracker's cache for reuse.
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let Storage::Host(d) = std::mem::replace(&mut self.storage, Storage::Host(HostData::Bool(Vec::new())));
+            let tracker = lease.tracker().clone();
+            drop(lease);
+            tracker.recycle(d);
+        }
+    }
 }
 
 impl Buffer {
@@ -91,7 +104,7 @@ impl Buffer {
         debug_assert_eq!(meta.dtype, data.dtype());
         debug_assert_eq!(meta.numel(), data.len());
         let lease = Lease::new(tracker, meta.size_in_bytes());
-        Buffer { meta, storage: Storage::Host(data), _lease: lease }
+        Buffer { meta, storage: Storage::Host(data), lease: Some(lease) }
     }
 
     pub fn meta(&self) -> &Meta {
@@ -110,14 +123,14 @@ impl Buffer {
     }
 
     /// Takes the data out for reuse in place; the lease moves with it to the new buffer.
-    pub fn into_host_data(self) -> Option<(HostData, Lease)> {
-        match self.storage {
-            Storage::Host(d) => Some((d, self._lease)),
-        }
+    pub fn into_host_data(mut self) -> Option<(HostData, Lease)> {
+        let lease = self.lease.take()?;
+        let Storage::Host(d) = std::mem::replace(&mut self.storage, Storage::Host(HostData::Bool(Vec::new())));
+        Some((d, lease))
     }
 
     /// Rebuilds a buffer from reused data and its lease (same byte size).
     pub fn from_reused(meta: Meta, data: HostData, lease: Lease) -> Buffer {
-        Buffer { meta, storage: Storage::Host(data), _lease: lease }
+        Buffer { meta, storage: Storage::Host(data), lease: Some(lease) }
     }
 }

@@ -15,6 +15,7 @@ pub mod backend;
 pub mod buffer;
 pub mod cpu;
 pub mod memory;
+#[cfg(feature = "pjrt")] pub mod pjrt;
 
 pub use backend::{Backend, Executable};
 pub use buffer::{Buffer, HostData, Storage};

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use half::bf16;
+use rewrite_rules::program::Program;
 use runtime::{Backend, CpuBackend, HostData, MemoryTracker};
 use trace_ir::shape::shape;
 use trace_ir::{ArgReduceOp, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Result, Trace, UnaryOp};
@@ -24,7 +25,7 @@ fn backend() -> CpuBackend {
 /// Compiles and runs `trace` on host inputs, returning host outputs.
 fn run(trace: &Trace, inputs: Vec<HostData>) -> Result<Vec<HostData>> {
     let be = backend();
-    let exe = be.compile(trace)?;
+    let exe = be.compile(&Program::unfused(trace))?;
     let params = trace.parameters();
     let bufs =
         inputs.into_iter().zip(params).map(|(d, p)| be.upload(trace.meta(p).clone(), d)).collect::<Result<Vec<_>>>()?;
@@ -529,7 +530,7 @@ fn chain_of_unary_ops_reuses_memory() {
         x = t.push(Op::Unary { kind }, &[x]).unwrap();
     }
     t.outputs = vec![x];
-    let exe = be.compile(&t).unwrap();
+    let exe = be.compile(&Program::unfused(&t)).unwrap();
     let input = be.upload(meta(&[n], DType::F32), HostData::F32(noise(n, 5))).unwrap();
     let bytes = n * 4;
     tracker.reset_peak();
@@ -562,7 +563,7 @@ fn in_place_binary_is_right_even_with_aliases() {
     let d = t.push(Op::Binary { kind: BinaryOp::Sub }, &[q, sq]).unwrap();
     // A parameter that is also an output comes back as the same buffer.
     t.outputs = vec![d, sq, p, d];
-    let exe = be.compile(&t).unwrap();
+    let exe = be.compile(&Program::unfused(&t)).unwrap();
     let pb = be.upload(meta(&[3], DType::F32), HostData::F32(vec![1.0, 2.0, 3.0])).unwrap();
     let qb = be.upload(meta(&[2, 3], DType::F32), HostData::F32(vec![10.0; 6])).unwrap();
     let out = exe.run(vec![pb.clone(), qb]).unwrap();
@@ -576,7 +577,7 @@ fn in_place_binary_is_right_even_with_aliases() {
 fn input_mismatches_are_errors() {
     let be = backend();
     let t = unary_trace(meta(&[3], DType::F32), Op::Unary { kind: UnaryOp::Exp });
-    let exe = be.compile(&t).unwrap();
+    let exe = be.compile(&Program::unfused(&t)).unwrap();
     assert!(exe.run(vec![]).is_err());
     let good = be.upload(meta(&[3], DType::F32), HostData::F32(vec![0.0; 3])).unwrap();
     assert!(exe.run(vec![good.clone(), good]).is_err());

@@ -28,8 +28,13 @@ pub fn gelu_erf(x: f32) -> f32 {
     (0.5 * x * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)) as f32
 }
 
+/// PyTorch's tanh GELU, `0.5 x (1 + tanh(u))`, computed in f64 as the equal
+/// `x / (1 + e^{-2u})`, which has no cancellation for negative x (so tiny
+/// negative results stay negative instead of becoming -0).
 pub fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (GELU_BETA * (x + GELU_KAPPA * x * x * x)).tanh())
+    let x = x as f64;
+    let u = GELU_BETA as f64 * (x + GELU_KAPPA as f64 * x * x * x);
+    (x / (1.0 + (-2.0 * u).exp())) as f32
 }
 
 pub fn sigmoid(x: f32) -> f32 {

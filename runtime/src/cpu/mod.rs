@@ -20,6 +20,7 @@
 mod elem;
 mod elementwise;
 pub mod erf;
+pub mod fused;
 mod layout;
 mod matmul;
 pub mod random;
@@ -29,7 +30,8 @@ mod rows;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
-use trace_ir::{Error, Meta, Node, NodeId, Op, Result, Trace};
+use rewrite_rules::program::{KernelKind, Program};
+use trace_ir::{Error, Meta, Op, Result};
 
 pub use elementwise::{gelu_erf, gelu_tanh, int_pow, sigmoid};
 
@@ -60,8 +62,8 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn compile(&self, trace: &Trace) -> Result<Arc<dyn Executable>> {
-        Ok(Arc::new(CpuExecutable::new(trace, self.tracker.clone())?))
+    fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>> {
+        Ok(Arc::new(CpuExecutable::new(program, self.tracker.clone())?))
     }
 
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
@@ -88,68 +90,112 @@ impl Backend for CpuBackend {
     }
 }
 
-/// A trace ready to run op by op.
-#[derive(Debug)]
+/// How one kernel of a program runs.
+enum Compiled {
+    /// One op, by the reference code above.
+    Single(Op),
+    Loop(fused::LoopExec),
+    MatMul(fused::MatMulExec),
+}
+
+/// A program ready to run: `Single` kernels op by op on the reference code,
+/// `Loop` and `MatMul` kernels on the fused executors ([`fused`]).
 pub struct CpuExecutable {
-    trace: Trace,
-    /// Parameter nodes by parameter index.
-    params: Vec<NodeId>,
-    /// Reads of each node by nodes the outputs need, plus output slots; 0
-    /// for dead nodes, which are skipped.
+    program: Program,
+    kernels: Vec<Compiled>,
+    /// Reads of each value by kernels plus output slots; values read by
+    /// nothing are dropped as soon as they are produced.
     uses: Vec<usize>,
     tracker: Arc<MemoryTracker>,
 }
 
+impl std::fmt::Debug for CpuExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuExecutable").field("kernels", &self.program.kernels.len()).finish()
+    }
+}
+
 impl CpuExecutable {
-    /// Validates `trace` and precomputes liveness and use counts.
-    pub fn new(trace: &Trace, tracker: Arc<MemoryTracker>) -> Result<CpuExecutable> {
-        trace.validate()?;
-        let n = trace.len();
-        let mut live = vec![false; n];
-        for &o in &trace.outputs {
-            live[o] = true;
+    /// Checks `program` (every value read is a parameter or written by an
+    /// earlier kernel) and compiles its fused kernels.
+    pub fn new(program: &Program, tracker: Arc<MemoryTracker>) -> Result<CpuExecutable> {
+        let nv = program.values.len();
+        let bad = |msg: String| Error::InvalidTrace(format!("program: {msg}"));
+        let mut defined = vec![false; nv];
+        for &p in &program.params {
+            *defined.get_mut(p).ok_or_else(|| bad(format!("parameter value {p} does not exist")))? = true;
         }
-        for id in (0..n).rev() {
-            if live[id] {
-                for &i in &trace.nodes[id].inputs {
-                    live[i] = true;
+        let mut uses = vec![0usize; nv];
+        let mut kernels = Vec::with_capacity(program.kernels.len());
+        for (k, kernel) in program.kernels.iter().enumerate() {
+            for &i in &kernel.inputs {
+                if !defined.get(i).copied().unwrap_or(false) {
+                    return Err(bad(format!("kernel {k} reads value {i} before it is written")));
                 }
+                uses[i] += 1;
             }
-        }
-        let mut uses = vec![0usize; n];
-        for (id, node) in trace.nodes.iter().enumerate() {
-            if live[id] {
-                for &i in &node.inputs {
-                    uses[i] += 1;
+            for &o in &kernel.outputs {
+                *defined.get_mut(o).ok_or_else(|| bad(format!("kernel {k} writes value {o}, which does not exist")))? = true;
+            }
+            let metas = |ids: &[usize]| ids.iter().map(|&i| program.values[i].clone()).collect::<Vec<Meta>>();
+            let compiled = match &kernel.kind {
+                KernelKind::Single { op } => {
+                    if kernel.outputs.len() != 1 || matches!(op, Op::Parameter { .. }) {
+                        return Err(bad(format!("kernel {k}: a single-op kernel writes one value")));
+                    }
+                    let ins = metas(&kernel.inputs);
+                    let refs: Vec<&Meta> = ins.iter().collect();
+                    let meta = trace_ir::infer(op, &refs)?;
+                    if meta != program.values[kernel.outputs[0]] {
+                        return Err(bad(format!("kernel {k}: {} does not produce its output's meta", op.name())));
+                    }
+                    Compiled::Single(op.clone())
                 }
-            }
+                KernelKind::Loop(l) => {
+                    Compiled::Loop(fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false).map_err(|e| {
+                        bad(format!("{}: {e}", program.describe_kernel(k)))
+                    })?)
+                }
+                KernelKind::MatMul(mm) => Compiled::MatMul(
+                    fused::MatMulExec::new(mm, metas(&kernel.inputs), metas(&kernel.outputs))
+                        .map_err(|e| bad(format!("{}: {e}", program.describe_kernel(k))))?,
+                ),
+            };
+            kernels.push(compiled);
         }
-        for &o in &trace.outputs {
+        for &o in &program.outputs {
+            if !defined.get(o).copied().unwrap_or(false) {
+                return Err(bad(format!("output value {o} is never written")));
+            }
             uses[o] += 1;
         }
-        Ok(CpuExecutable { trace: trace.clone(), params: trace.parameters(), uses, tracker })
+        Ok(CpuExecutable { program: program.clone(), kernels, uses, tracker })
     }
 
-    pub fn trace(&self) -> &Trace {
-        &self.trace
+    pub fn program(&self) -> &Program {
+        &self.program
     }
 
-    /// Wraps fresh data as the node's output.
+    /// Wraps fresh data as an op's output.
     fn fresh(&self, meta: &Meta, data: HostData) -> Result<Buffer> {
         check_data(meta, &data)?;
         Ok(Buffer::host(meta.clone(), data, &self.tracker))
     }
 
-    fn eval(&self, node: &Node, args: SmallVec<[Arc<Buffer>; 3]>) -> Result<Buffer> {
-        let meta = &node.meta;
+    /// Runs one op on the reference code; the output meta follows from the
+    /// operands, so the op runs on any sizes its attributes allow.
+    fn eval(&self, op: &Op, args: SmallVec<[Arc<Buffer>; 3]>) -> Result<Buffer> {
+        let metas: SmallVec<[&Meta; 3]> = args.iter().map(|a| a.meta()).collect();
+        let meta = &trace_ir::infer(op, &metas)?;
+        drop(metas);
         let shape = meta.shape.as_slice();
         let n = meta.numel();
         let same = |m: &Meta| m.dtype == meta.dtype && m.numel() == n;
-        if n == 0 && !matches!(node.op, Op::Parameter { .. }) {
+        if n == 0 && !matches!(op, Op::Parameter { .. }) {
             return self.fresh(meta, HostData::filled(meta.dtype, 0.0, 0));
         }
         check_alloc(meta)?;
-        let data = match &node.op {
+        let data = match op {
             Op::Parameter { .. } => return Err(internal("parameters are not evaluated")),
             Op::Full { value, dtype, .. } => HostData::filled(*dtype, *value, n),
             Op::Arange { start, step, len, dtype } => random::arange(*start, *step, *len, *dtype),
@@ -239,11 +285,11 @@ impl CpuExecutable {
             }
             Op::Softmax { .. } | Op::LogSoftmax { .. } => {
                 let [x] = fixed::<1>(args)?;
-                rows::row(&node.op, host(&x)?, &x.meta().shape, None)?
+                rows::row(op, host(&x)?, &x.meta().shape, None)?
             }
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
                 let [x, eps] = fixed::<2>(args)?;
-                rows::row(&node.op, host(&x)?, &x.meta().shape, Some(host(&eps)?))?
+                rows::row(op, host(&x)?, &x.meta().shape, Some(host(&eps)?))?
             }
         };
         self.fresh(meta, data)
@@ -252,47 +298,61 @@ impl CpuExecutable {
 
 impl Executable for CpuExecutable {
     fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
-        let t = &self.trace;
-        if inputs.len() != self.params.len() {
-            return Err(internal(format!("the trace takes {} inputs, got {}", self.params.len(), inputs.len())));
+        let p = &self.program;
+        if inputs.len() != p.params.len() {
+            return Err(internal(format!("the program takes {} inputs, got {}", p.params.len(), inputs.len())));
         }
-        let mut vals: Vec<Option<Arc<Buffer>>> = vec![None; t.len()];
-        for (k, (buf, &id)) in inputs.into_iter().zip(&self.params).enumerate() {
-            let want = &t.nodes[id].meta;
-            if buf.meta() != want {
+        let mut vals: Vec<Option<Arc<Buffer>>> = vec![None; p.values.len()];
+        for (k, (buf, &id)) in inputs.into_iter().zip(&p.params).enumerate() {
+            let want = &p.values[id];
+            // Sizes may change (kernels read them from their inputs); rank and dtype may not.
+            if buf.meta().dtype != want.dtype || buf.meta().shape.len() != want.shape.len() {
                 return Err(internal(format!(
-                    "input {k} is {:?} {} but the trace expects {:?} {}",
+                    "input {k} is {:?} {} but the program expects {:?} {}",
                     buf.meta().shape.as_slice(),
                     buf.meta().dtype,
                     want.shape.as_slice(),
                     want.dtype
                 )));
             }
-            check_data(want, host(&buf)?).map_err(|e| internal(format!("input {k}: {e}")))?;
+            check_data(buf.meta(), host(&buf)?).map_err(|e| internal(format!("input {k}: {e}")))?;
             if self.uses[id] > 0 {
                 vals[id] = Some(buf);
             }
         }
         let mut left = self.uses.clone();
-        for (id, node) in t.nodes.iter().enumerate() {
-            if self.uses[id] == 0 || matches!(node.op, Op::Parameter { .. }) {
-                continue;
-            }
+        for (k, (kernel, compiled)) in p.kernels.iter().zip(&self.kernels).enumerate() {
             let mut args: SmallVec<[Arc<Buffer>; 3]> = SmallVec::new();
-            for &i in &node.inputs {
+            for &i in &kernel.inputs {
                 left[i] = left[i].saturating_sub(1);
                 // The last reader takes the value, so it is freed (or reused)
-                // as soon as this op is done with it.
+                // as soon as this kernel is done with it.
                 let v = if left[i] == 0 { vals[i].take() } else { vals[i].clone() };
-                args.push(v.ok_or_else(|| internal(format!("node {id} reads node {i}, which has no value")))?);
+                args.push(v.ok_or_else(|| internal(format!("kernel {k} reads value {i}, which has no value")))?);
             }
-            let out = self.eval(node, args)?;
-            vals[id] = Some(Arc::new(out));
+            let outs = match compiled {
+                Compiled::Single(op) => vec![self.eval(op, args)?],
+                Compiled::Loop(l) => l.run(&args, None, &self.tracker).map_err(|e| annotate(p, k, e))?,
+                Compiled::MatMul(m) => m.run(&args, &self.tracker).map_err(|e| annotate(p, k, e))?,
+            };
+            for (&o, out) in kernel.outputs.iter().zip(outs) {
+                if self.uses[o] > 0 {
+                    vals[o] = Some(Arc::new(out));
+                }
+            }
         }
-        t.outputs
+        p.outputs
             .iter()
-            .map(|&o| vals[o].clone().ok_or_else(|| internal(format!("output node {o} has no value"))))
+            .map(|&o| vals[o].clone().ok_or_else(|| internal(format!("output value {o} has no value"))))
             .collect()
+    }
+}
+
+/// Names the kernel and the ops fused into it in a runtime failure.
+fn annotate(p: &Program, k: usize, e: Error) -> Error {
+    match e {
+        Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("{}: {msg}", p.describe_kernel(k)) },
+        other => other,
     }
 }
 
@@ -326,7 +386,7 @@ fn reused(meta: &Meta, data: HostData, lease: Lease) -> Result<Buffer> {
 /// large for the machine is an error rather than an abort.
 const PROBE_BYTES: usize = 1 << 30;
 
-fn check_alloc(meta: &Meta) -> Result<()> {
+pub(crate) fn check_alloc(meta: &Meta) -> Result<()> {
     let bytes = meta.numel().checked_mul(meta.dtype.size_in_bytes());
     match bytes {
         Some(b) if b <= PROBE_BYTES => Ok(()),
@@ -340,7 +400,7 @@ fn check_alloc(meta: &Meta) -> Result<()> {
     }
 }
 
-fn host(b: &Buffer) -> Result<&HostData> {
+pub(crate) fn host(b: &Buffer) -> Result<&HostData> {
     b.host_data().ok_or_else(|| internal("buffer does not live on the host"))
 }
 

@@ -1,0 +1,204 @@
+//! From a trace to an executable, through the three cache tiers. Every mode
+//! goes through here, so the same op sequence is rewritten, planned and
+//! compiled once.
+//!
+//! - tier 1, in memory: trace signature → program (skips rewriting and planning);
+//! - tier 2, in memory: program fingerprint → executable (skips compiling; two
+//!   traces that optimize to the same program share it);
+//! - tier 3, on disk: a stable key of the signature, the engine and backend
+//!   versions and the plan settings → program, so another process skips
+//!   rewriting and planning too (see [`crate::disk_cache`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ahash::AHashMap;
+use rewrite_rules::planner::{plan, PlanConfig};
+use rewrite_rules::program::Program;
+use rewrite_rules::{optimize, RewriteConfig, RewriteReport};
+use runtime::{Backend, Executable};
+use trace_ir::{Result, Signature, Trace};
+
+use crate::disk_cache::{DiskCache, DiskCacheStats};
+
+/// How a trace becomes a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Preparation {
+    /// One kernel per op (Strict and Debug).
+    Unfused,
+    /// E-graph rewrites, then the kernel planner (DeferAndFuse).
+    Fused,
+}
+
+/// Hits and misses of one cache tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// Counters and phase times of a context's caches, read through
+/// [`crate::Context::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Signature → program.
+    pub tier1: TierStats,
+    /// Program → executable.
+    pub tier2: TierStats,
+    /// On disk; `rejected` counts corrupt or foreign entries that were rebuilt.
+    pub tier3: DiskCacheStats,
+    /// Time spent in e-graph rewriting, planning and backend compilation.
+    pub rewrite_ns: u64,
+    pub plan_ns: u64,
+    pub compile_ns: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    tier1: [AtomicU64; 2],
+    tier2: [AtomicU64; 2],
+    rewrite_ns: AtomicU64,
+    plan_ns: AtomicU64,
+    compile_ns: AtomicU64,
+}
+
+/// What the last fused preparation did, for dumps and tests.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub program: Arc<Program>,
+    /// The rewrite report, when this preparation rewrote (a tier-1 or tier-3
+    /// hit skips rewriting and has none).
+    pub rewrite: Option<RewriteReport>,
+}
+
+pub(crate) struct Pipeline {
+    backend: Arc<dyn Backend>,
+    rewrite: RewriteConfig,
+    plan: PlanConfig,
+    programs: Mutex<AHashMap<(Preparation, Signature), Arc<Program>>>,
+    executables: Mutex<AHashMap<Arc<[u8]>, Arc<dyn Executable>>>,
+    disk: Option<DiskCache>,
+    counters: Counters,
+}
+
+fn count(pair: &[AtomicU64; 2], hit: bool) {
+    pair[usize::from(!hit)].fetch_add(1, Ordering::Relaxed);
+}
+
+fn elapsed_ns(start: Instant) -> u64 {
+    start.elapsed().as_nanos() as u64
+}
+
+impl Pipeline {
+    pub fn new(backend: Arc<dyn Backend>, rewrite: RewriteConfig, plan: PlanConfig, disk: Option<DiskCache>) -> Self {
+        Pipeline {
+            backend,
+            rewrite,
+            plan,
+            programs: Mutex::new(AHashMap::new()),
+            executables: Mutex::new(AHashMap::new()),
+            disk,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        let tier = |p: &[AtomicU64; 2]| TierStats { hits: p[0].load(Ordering::Relaxed), misses: p[1].load(Ordering::Relaxed) };
+        CacheStats {
+            tier1: tier(&c.tier1),
+            tier2: tier(&c.tier2),
+            tier3: self.disk.as_ref().map(|d| d.stats()).unwrap_or_default(),
+            rewrite_ns: c.rewrite_ns.load(Ordering::Relaxed),
+            plan_ns: c.plan_ns.load(Ordering::Relaxed),
+            compile_ns: c.compile_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The executable for `trace`, and the program it runs.
+    pub fn executable(&self, trace: &Trace, how: Preparation) -> Result<(Arc<dyn Executable>, Prepared)> {
+        let prepared = self.program(trace, how)?;
+        let key: Arc<[u8]> = prepared.program.canonical().into();
+        if let Some(exe) = self.executables.lock().unwrap().get(&key) {
+            count(&self.counters.tier2, true);
+            return Ok((exe.clone(), prepared));
+        }
+        count(&self.counters.tier2, false);
+        // Compile outside the lock; a racing thread may compile the same
+        // program too, and the first insert wins.
+        let start = Instant::now();
+        let exe = self.backend.compile(&prepared.program)?;
+        self.counters.compile_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
+        let exe = self.executables.lock().unwrap().entry(key).or_insert(exe).clone();
+        Ok((exe, prepared))
+    }
+
+    /// Tier 1, then tier 3, then rewriting and planning.
+    fn program(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
+        let key = (how, Signature::of(trace));
+        if let Some(p) = self.programs.lock().unwrap().get(&key) {
+            count(&self.counters.tier1, true);
+            return Ok(Prepared { program: p.clone(), rewrite: None });
+        }
+        count(&self.counters.tier1, false);
+        let disk_key = self.disk.as_ref().filter(|_| how == Preparation::Fused).map(|_| self.disk_key(&key.1));
+        let from_disk = disk_key.as_ref().and_then(|k| {
+            let bytes = self.disk.as_ref()?.get(k)?;
+            let text = std::str::from_utf8(&bytes).ok()?;
+            Program::from_json(text).map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache")).ok()
+        });
+        let prepared = match from_disk {
+            Some(program) => Prepared { program: Arc::new(program), rewrite: None },
+            None => {
+                let prepared = self.prepare(trace, how)?;
+                if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
+                    disk.put(k, prepared.program.to_json().as_bytes());
+                }
+                prepared
+            }
+        };
+        self.programs.lock().unwrap().insert(key, prepared.program.clone());
+        Ok(prepared)
+    }
+
+    fn prepare(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
+        if how == Preparation::Unfused {
+            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None });
+        }
+        let start = Instant::now();
+        let (optimized, report) = match optimize(trace, &self.rewrite) {
+            Ok(o) => (o.trace, Some(o.report)),
+            Err(e) => {
+                // Rewrites are an optimization: a failure costs speed, not results.
+                tracing::warn!(error = %e, "rewriting failed; planning the trace as recorded");
+                (trace.clone(), None)
+            }
+        };
+        self.counters.rewrite_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
+        let start = Instant::now();
+        let program = plan(&optimized, &self.plan).or_else(|e| {
+            tracing::warn!(error = %e, "planning failed; running the trace op by op");
+            Ok::<_, trace_ir::Error>(Program::unfused(&optimized))
+        })?;
+        self.counters.plan_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
+        if let Some(r) = &report {
+            tracing::debug!(rules = ?r.rules_fired, stop = %r.stop_reason, kernels = program.kernels.len(), "prepared");
+        }
+        Ok(Prepared { program: Arc::new(program), rewrite: report })
+    }
+
+    /// Everything the on-disk program depends on, in a canonical form.
+    fn disk_key(&self, signature: &Signature) -> Vec<u8> {
+        let mut key = format!(
+            "deferfuse {} backend {} rewrite {:?} plan {:?}\n",
+            env!("CARGO_PKG_VERSION"),
+            self.backend.name(),
+            self.rewrite.rule_sets,
+            self.plan
+        )
+        .into_bytes();
+        key.extend_from_slice(signature.canonical());
+        key
+    }
+}

@@ -1,0 +1,213 @@
+//! Matrix-product kernels: a batched GEMM through the `gemm` crate whose
+//! operands are strided views of their buffers (a folded transpose or head
+//! split is just other strides), followed by the elementwise epilogue.
+
+use std::sync::Arc;
+
+use gemm::Parallelism;
+use half::{bf16, f16};
+use rayon::prelude::*;
+use rewrite_rules::program::{MatMulKernel, View};
+use trace_ir::shape::{broadcast_shapes, numel};
+use trace_ir::{DType, Error, Meta, Result, Shape};
+
+use super::io::{bf16_to_f32, f32_to_bf16_bits};
+use super::loops::{view_geometry, LoopExec};
+use crate::buffer::{Buffer, HostData};
+use crate::cpu::elem::{walk, Strides};
+use crate::cpu::{check_alloc, host, internal};
+use crate::memory::{Lease, MemoryTracker};
+
+/// Products with more multiply-adds than this use rayon.
+const PAR_FLOPS: usize = 1 << 20;
+
+/// A matrix-product kernel ready to run.
+pub(crate) struct MatMulExec {
+    lhs: View,
+    rhs: View,
+    out: Meta,
+    epilogue: Option<LoopExec>,
+}
+
+/// An operand widened to f32 (borrowed when it already is).
+enum F32Data<'a> {
+    Borrowed(&'a [f32]),
+    Owned(Vec<f32>, #[allow(dead_code)] Lease),
+}
+
+impl F32Data<'_> {
+    fn as_slice(&self) -> &[f32] {
+        match self {
+            F32Data::Borrowed(s) => s,
+            F32Data::Owned(v, _) => v,
+        }
+    }
+}
+
+fn widen<'a>(d: &'a HostData, tracker: &Arc<MemoryTracker>) -> Result<F32Data<'a>> {
+    Ok(match d {
+        HostData::F32(v) => F32Data::Borrowed(v),
+        HostData::BF16(v) => {
+            let lease = Lease::new(tracker, v.len() * 4);
+            F32Data::Owned(v.iter().map(|&b| bf16_to_f32(b)).collect(), lease)
+        }
+        HostData::F16(v) => {
+            let lease = Lease::new(tracker, v.len() * 4);
+            F32Data::Owned(v.iter().map(|&b| b.to_f32()).collect(), lease)
+        }
+        other => return Err(Error::dtype("matmul", "operands must share one floating dtype", &[other.dtype()])),
+    })
+}
+
+impl MatMulExec {
+    pub(crate) fn new(k: &MatMulKernel, inputs: Vec<Meta>, outputs: Vec<Meta>) -> Result<MatMulExec> {
+        if inputs.len() < 2 {
+            return Err(internal("a matmul kernel needs two operands"));
+        }
+        let epilogue = match &k.epilogue {
+            Some(body) => {
+                if body.shape != k.shape || body.row_dims != 0 {
+                    return Err(internal("a matmul epilogue must run over the product's shape"));
+                }
+                Some(LoopExec::new(body, inputs.clone(), outputs.clone(), true)?)
+            }
+            None => {
+                if outputs.len() != 1 {
+                    return Err(internal("a matmul without epilogue has one output"));
+                }
+                None
+            }
+        };
+        let dtype = inputs[0].dtype;
+        Ok(MatMulExec { lhs: k.lhs.clone(), rhs: k.rhs.clone(), out: Meta::new(k.shape.clone(), dtype), epilogue })
+    }
+
+    pub(crate) fn run(&self, inputs: &[Arc<Buffer>], tracker: &Arc<MemoryTracker>) -> Result<Vec<Buffer>> {
+        let (a, b) = (&inputs[0], &inputs[1]);
+        if a.meta().dtype != b.meta().dtype {
+            return Err(Error::dtype("matmul", "operands must share one floating dtype", &[a.meta().dtype, b.meta().dtype]));
+        }
+        let (sa, sta, oa) = view_geometry(&self.lhs, &a.meta().shape)?;
+        let (sb, stb, ob) = view_geometry(&self.rhs, &b.meta().shape)?;
+        let bad = |msg: &str| Error::shape("matmul", msg.to_string(), &[&sa, &sb]);
+        if sa.len() < 2 || sb.len() < 2 {
+            return Err(bad("operands need at least two dimensions"));
+        }
+        let (m, kk) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+        let (k2, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+        if kk != k2 {
+            return Err(bad("inner dimensions differ"));
+        }
+        let batch = broadcast_shapes("matmul", &sa[..sa.len() - 2], &sb[..sb.len() - 2])?;
+        let mut out_shape: Shape = batch.clone();
+        out_shape.push(m);
+        out_shape.push(n);
+        let total = numel(&out_shape);
+        let out_meta = Meta::new(out_shape.clone(), self.out.dtype);
+        check_alloc(&out_meta)?;
+        let x = widen(host(a)?, tracker)?;
+        let y = widen(host(b)?, tracker)?;
+        // The product goes straight into the output when nothing follows and
+        // it is f32; otherwise into a counted scratch buffer.
+        let direct = self.epilogue.is_none() && self.out.dtype == DType::F32;
+        let mut result = match tracker.reuse(DType::F32, total) {
+            Some(HostData::F32(v)) => v,
+            _ => vec![0.0f32; total],
+        };
+        let lease = Lease::new(tracker, total * 4);
+        if m * n > 0 && kk > 0 {
+            gemm_batched(&mut result, x.as_slice(), (&sa, &sta, oa), y.as_slice(), (&sb, &stb, ob), &batch, (m, kk, n));
+        } else {
+            result.fill(0.0);
+        }
+        drop((x, y));
+        if direct {
+            return Ok(vec![Buffer::from_reused(out_meta, HostData::F32(result), lease)]);
+        }
+        // The product is scratch from here: its memory goes back to the cache.
+        let result = Buffer::from_reused(Meta::new(out_shape.clone(), DType::F32), HostData::F32(result), lease);
+        let acc = match result.host_data() {
+            Some(HostData::F32(v)) => v.as_slice(),
+            _ => return Err(internal("matmul scratch is not f32")),
+        };
+        match &self.epilogue {
+            Some(ep) => ep.run(inputs, Some((acc, &out_shape)), tracker),
+            None => {
+                let data = match self.out.dtype {
+                    DType::BF16 => HostData::BF16(acc.iter().map(|&v| bf16::from_bits(f32_to_bf16_bits(v))).collect()),
+                    DType::F16 => HostData::F16(acc.iter().map(|&v| f16::from_f32(v)).collect()),
+                    other => return Err(Error::dtype("matmul", "operands must share one floating dtype", &[other])),
+                };
+                Ok(vec![Buffer::host(out_meta, data, tracker)])
+            }
+        }
+    }
+}
+
+/// `dst[batch, m, n] = lhs[batch, m, k] @ rhs[batch, k, n]` over strided
+/// operand views (shape, strides, offset) whose batch dimensions broadcast.
+fn gemm_batched(
+    dst: &mut [f32],
+    x: &[f32],
+    (sa, sta, oa): (&[usize], &Strides, usize),
+    y: &[f32],
+    (sb, stb, ob): (&[usize], &Strides, usize),
+    batch: &[usize],
+    (m, k, n): (usize, usize, usize),
+) {
+    // Batch strides of each operand over the output's batch dimensions.
+    let batch_strides = |s: &[usize], st: &Strides| -> Strides {
+        let nb = s.len() - 2;
+        let lead = batch.len() - nb;
+        (0..batch.len()).map(|d| if d < lead || s[d - lead] == 1 { 0 } else { st[d - lead] }).collect()
+    };
+    let (ba, bb) = (batch_strides(sa, sta), batch_strides(sb, stb));
+    let batches = numel(batch);
+    let mut offsets = Vec::with_capacity(batches);
+    let (ia, ib) = (ba.last().copied().unwrap_or(0), bb.last().copied().unwrap_or(0));
+    walk(batch, [&ba, &bb], 0, batches, |_, [pa, pb], run| {
+        offsets.extend((0..run).map(|t| (oa + pa + t * ia, ob + pb + t * ib)));
+    });
+    let (ra, ca) = (sta[sta.len() - 2], sta[sta.len() - 1]);
+    let (rb, cb) = (stb[stb.len() - 2], stb[stb.len() - 1]);
+    let one = |d: &mut [f32], (pa, pb): (usize, usize), par: Parallelism| {
+        // SAFETY: the views were checked to stay inside their buffers
+        // (`view_geometry`), `d` holds m*n elements written row-major, and
+        // it does not alias the operands.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                d.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                x.as_ptr().add(pa),
+                ca as isize,
+                ra as isize,
+                y.as_ptr().add(pb),
+                cb as isize,
+                rb as isize,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    if flops > PAR_FLOPS {
+        for (d, &o) in dst.chunks_mut(m * n).zip(&offsets) {
+            one(d, o, Parallelism::Rayon(0));
+        }
+    } else if flops.saturating_mul(batches) > PAR_FLOPS {
+        dst.par_chunks_mut(m * n).zip(&offsets).for_each(|(d, &o)| one(d, o, Parallelism::None));
+    } else {
+        for (d, &o) in dst.chunks_mut(m * n).zip(&offsets) {
+            one(d, o, Parallelism::None);
+        }
+    }
+}

@@ -1,0 +1,545 @@
+//! Loop kernels: compiled once from a [`LoopKernel`] (register levels and
+//! slots), then run on buffers of any size with the compiled rank and
+//! broadcast pattern (the iteration shape is read from the inputs).
+//!
+//! A run splits the iteration space into tiles of about [`TILE`] elements
+//! (whole rows for row kernels, so each reduction sees its row at once; a
+//! row longer than a tile is a tile of its own), evaluates scalar-only
+//! instructions once, and runs the tiles on rayon when the work is large.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rewrite_rules::program::{Frame, Instr, LoopKernel, Reg, View};
+use smallvec::SmallVec;
+use trace_ir::shape::numel;
+use trace_ir::{DType, Meta, ReduceOp, Result, Shape};
+
+use super::io::{alloc_output, Access, Data, Dst};
+use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
+use crate::buffer::Buffer;
+use crate::cpu::elem::{row_major, Strides};
+use crate::cpu::{check_alloc, host, internal};
+use crate::memory::MemoryTracker;
+
+/// Elements per tile: a handful of f32 registers of this size stay in L1/L2.
+pub(crate) const TILE: usize = 8192;
+/// Runs with at least this many elements use rayon.
+const PAR_ELEMS: usize = 32 * 1024;
+
+/// How many values a register holds per tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Level {
+    Scalar,
+    Row,
+    Elem,
+}
+
+/// Where a store writes: over the whole iteration space, or one value per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreLayout {
+    Full,
+    Rows,
+}
+
+pub(crate) struct StoreSpec {
+    pub reg: Reg,
+    pub output: usize,
+    pub layout: StoreLayout,
+    frame: Frame,
+}
+
+struct LoadSpec {
+    /// Kernel input, or `None` for the matmul accumulator.
+    input: Option<usize>,
+    view: View,
+    frame: Frame,
+    /// The compile-time shape, aligned to the iteration rank.
+    aligned: Shape,
+}
+
+/// A loop kernel ready to run.
+pub(crate) struct LoopExec {
+    pub kernel: LoopKernel,
+    pub level: Vec<Level>,
+    /// Register slot within its level's pool.
+    pub slot: Vec<usize>,
+    n_elem: usize,
+    n_row: usize,
+    scalar_order: Vec<Reg>,
+    pub tile_order: Vec<Reg>,
+    pub stores: Vec<StoreSpec>,
+    loads: Vec<Option<LoadSpec>>,
+    inputs: Vec<Meta>,
+    outputs: Vec<Meta>,
+    has_extreme: bool,
+    /// Whether each register depends on a reduction's result.
+    pub after_reduce: Vec<bool>,
+    /// No per-element register depends on a reduction: long rows can be
+    /// walked in chunks.
+    pub chunked: bool,
+}
+
+/// What one run shares with every tile.
+pub(crate) struct RunState<'a> {
+    pub shape: Shape,
+    pub outer: Shape,
+    pub cols: usize,
+    pub scalars: Vec<f32>,
+    /// Per register; only loads' entries are used.
+    pub loads: Vec<LoadRt<'a>>,
+    pub outputs: Vec<Dst>,
+}
+
+pub(crate) struct LoadRt<'a> {
+    pub data: Data<'a>,
+    pub access: Access,
+}
+
+/// One worker's registers.
+pub(crate) struct Scratch {
+    pub elem: Vec<Vec<f32>>,
+    pub row: Vec<Vec<f32>>,
+    pub tmp: [Vec<f32>; 3],
+}
+
+/// A tile: elements `start..start + len` of the space, rows `r0..r0 + nr`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tile {
+    pub start: usize,
+    pub len: usize,
+    pub r0: usize,
+    pub nr: usize,
+}
+
+/// Right-aligns `shape` to the iteration rank `r` in `frame` (`k` row dims).
+fn align_frame(shape: &[usize], frame: Frame, r: usize, k: usize) -> Option<Shape> {
+    let width = match frame {
+        Frame::Elem => r,
+        Frame::Row => r - k,
+    };
+    if shape.len() > width {
+        return None;
+    }
+    let mut a: Shape = SmallVec::from_elem(1, width - shape.len());
+    a.extend_from_slice(shape);
+    a.extend(std::iter::repeat_n(1, r - width));
+    Some(a)
+}
+
+/// Position in the iteration shape of each dimension of a value of rank `len` in `frame`.
+fn positions(len: usize, frame: Frame, r: usize, k: usize) -> impl Iterator<Item = usize> {
+    let width = if frame == Frame::Elem { r } else { r - k };
+    (0..len).map(move |i| width - len + i)
+}
+
+/// The view's shape, strides and offset over a buffer of shape `source`.
+pub(crate) fn view_geometry(view: &View, source: &[usize]) -> Result<(Shape, Strides, usize)> {
+    Ok(match view {
+        View::Direct => (source.into(), row_major(source), 0),
+        View::Transposed => {
+            let r = source.len();
+            if r < 2 {
+                return Err(internal("a transposed view needs two dimensions"));
+            }
+            let (mut s, mut st): (Shape, Strides) = (source.into(), row_major(source));
+            s.swap(r - 2, r - 1);
+            st.swap(r - 2, r - 1);
+            (s, st, 0)
+        }
+        View::Strided { shape, strides, offset, source: want } => {
+            if want.as_slice() != source {
+                return Err(internal(format!(
+                    "a strided view expects a buffer of shape {:?}, got {source:?}",
+                    want.as_slice()
+                )));
+            }
+            if shape.len() != strides.len() {
+                return Err(internal("a strided view has mismatched strides"));
+            }
+            // Every element the view reaches must be in the buffer.
+            let last: usize = offset + shape.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1) * s).sum::<usize>();
+            if numel(shape) > 0 && last >= numel(source) {
+                return Err(internal("a strided view reaches past its buffer"));
+            }
+            (shape.clone(), strides.clone(), *offset)
+        }
+    })
+}
+
+impl LoopExec {
+    /// Checks `kernel` against its inputs' and outputs' metas and assigns
+    /// register levels and slots. `epilogue` allows [`Instr::Acc`].
+    pub(crate) fn new(kernel: &LoopKernel, inputs: Vec<Meta>, outputs: Vec<Meta>, epilogue: bool) -> Result<LoopExec> {
+        let s = &kernel.shape;
+        let (r, k) = (s.len(), kernel.row_dims);
+        if k > r {
+            return Err(internal(format!("loop reduces {k} dims of a rank-{r} space")));
+        }
+        let n = kernel.instrs.len();
+        let mut level = Vec::with_capacity(n);
+        let mut loads = Vec::with_capacity(n);
+        let mut has_extreme = false;
+        for (i, ins) in kernel.instrs.iter().enumerate() {
+            if ins.operands().iter().any(|&o| o >= i) {
+                return Err(internal(format!("instruction {i} reads a register defined later")));
+            }
+            let lv = |j: usize| level[j];
+            let (l, spec) = match ins {
+                Instr::Load { input, view, frame } => {
+                    let meta = inputs.get(*input).ok_or_else(|| internal(format!("load of missing input {input}")))?;
+                    let (vshape, _, _) = view_geometry(view, &meta.shape)?;
+                    let aligned = align_frame(&vshape, *frame, r, k)
+                        .filter(|a| a.iter().zip(s).all(|(&x, &y)| x == y || x == 1))
+                        .ok_or_else(|| {
+                            internal(format!("input {input} of shape {:?} does not fit loop {:?}", vshape.as_slice(), s.as_slice()))
+                        })?;
+                    let l = if aligned.iter().all(|&d| d == 1) {
+                        Level::Scalar
+                    } else if k > 0 && aligned[r - k..].iter().all(|&d| d == 1) {
+                        Level::Row
+                    } else {
+                        Level::Elem
+                    };
+                    (l, Some(LoadSpec { input: Some(*input), view: view.clone(), frame: *frame, aligned }))
+                }
+                Instr::Acc => {
+                    if !epilogue {
+                        return Err(internal("the matmul accumulator is read outside an epilogue"));
+                    }
+                    (Level::Elem, Some(LoadSpec { input: None, view: View::Direct, frame: Frame::Elem, aligned: s.clone() }))
+                }
+                Instr::Literal { .. } => (Level::Scalar, None),
+                Instr::Unary { x, .. } | Instr::Round { x, .. } => (lv(*x), None),
+                Instr::Binary { a, b, .. } => (lv(*a).max(lv(*b)), None),
+                Instr::Where { c, a, b } => (lv(*c).max(lv(*a)).max(lv(*b)), None),
+                Instr::Reduce { op, x } => {
+                    if k == 0 {
+                        return Err(internal("a reduction in a loop without row dimensions"));
+                    }
+                    has_extreme |= matches!(op, ReduceOp::Max | ReduceOp::Min);
+                    (if lv(*x) == Level::Scalar { Level::Scalar } else { Level::Row }, None)
+                }
+            };
+            level.push(l);
+            loads.push(spec);
+        }
+        // Stores.
+        let mut outer = s.clone();
+        for d in outer.iter_mut().skip(r - k) {
+            *d = 1;
+        }
+        let mut stores = Vec::new();
+        for st in &kernel.stores {
+            let meta = outputs.get(st.output).ok_or_else(|| internal(format!("store to missing output {}", st.output)))?;
+            if st.reg >= n {
+                return Err(internal(format!("store of missing register {}", st.reg)));
+            }
+            if !(meta.dtype.is_float() || meta.dtype == DType::Bool) {
+                return Err(internal(format!("a loop cannot store {} values", meta.dtype)));
+            }
+            let a = align_frame(&meta.shape, st.frame, r, k);
+            let layout = match a {
+                Some(a) if a == *s => StoreLayout::Full,
+                Some(a) if k > 0 && a == outer && level[st.reg] != Level::Elem => StoreLayout::Rows,
+                _ => {
+                    return Err(internal(format!(
+                        "output of shape {:?} does not match loop {:?}",
+                        meta.shape.as_slice(),
+                        s.as_slice()
+                    )))
+                }
+            };
+            stores.push(StoreSpec { reg: st.reg, output: st.output, layout, frame: st.frame });
+        }
+        // Slots: a linear scan over the tile instructions; an instruction
+        // never writes the slot of one of its own operands.
+        let mut last_use = vec![0usize; n];
+        for (i, ins) in kernel.instrs.iter().enumerate() {
+            last_use[i] = last_use[i].max(i);
+            for o in ins.operands() {
+                last_use[o] = last_use[o].max(i);
+            }
+        }
+        for st in &stores {
+            last_use[st.reg] = usize::MAX;
+        }
+        let mut slot = vec![0usize; n];
+        let (mut free_e, mut free_r): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+        let (mut n_elem, mut n_row) = (0usize, 0usize);
+        let (mut scalar_order, mut tile_order) = (Vec::new(), Vec::new());
+        for (i, ins) in kernel.instrs.iter().enumerate() {
+            match level[i] {
+                Level::Scalar => {
+                    scalar_order.push(i);
+                    continue;
+                }
+                Level::Elem => {
+                    slot[i] = free_e.pop().unwrap_or_else(|| {
+                        n_elem += 1;
+                        n_elem - 1
+                    })
+                }
+                Level::Row => {
+                    slot[i] = free_r.pop().unwrap_or_else(|| {
+                        n_row += 1;
+                        n_row - 1
+                    })
+                }
+            }
+            tile_order.push(i);
+            let mut ops: Vec<usize> = ins.operands().to_vec();
+            ops.push(i);
+            ops.sort_unstable();
+            ops.dedup();
+            for o in ops {
+                if last_use[o] == i {
+                    match level[o] {
+                        Level::Elem => free_e.push(slot[o]),
+                        Level::Row => free_r.push(slot[o]),
+                        Level::Scalar => {}
+                    }
+                }
+            }
+        }
+        let mut after_reduce = vec![false; n];
+        for (i, ins) in kernel.instrs.iter().enumerate() {
+            after_reduce[i] =
+                ins.operands().iter().any(|&o| after_reduce[o] || matches!(kernel.instrs[o], Instr::Reduce { .. }));
+        }
+        let chunked = k > 0 && (0..n).all(|i| !(after_reduce[i] && level[i] == Level::Elem));
+        Ok(LoopExec {
+            after_reduce,
+            chunked,
+            kernel: kernel.clone(),
+            level,
+            slot,
+            n_elem,
+            n_row,
+            scalar_order,
+            tile_order,
+            stores,
+            loads,
+            inputs,
+            outputs,
+            has_extreme,
+        })
+    }
+
+    /// The iteration shape for these inputs: every dimension a direct load
+    /// spans takes the load's size; the rest keep their compiled size.
+    fn runtime_shape(&self, inputs: &[Arc<Buffer>], acc: Option<&[usize]>) -> Result<Shape> {
+        let ct = &self.kernel.shape;
+        let (r, k) = (ct.len(), self.kernel.row_dims);
+        let mut rt: SmallVec<[Option<usize>; 6]> = SmallVec::from_elem(None, r);
+        for spec in self.loads.iter().flatten() {
+            let shape: Shape = match spec.input {
+                Some(i) => {
+                    let m = inputs[i].meta();
+                    if m.dtype != self.inputs[i].dtype || m.shape.len() != self.inputs[i].shape.len() {
+                        return Err(internal(format!(
+                            "input {i} is {:?} {} but the loop was compiled for {:?} {}",
+                            m.shape.as_slice(),
+                            m.dtype,
+                            self.inputs[i].shape.as_slice(),
+                            self.inputs[i].dtype
+                        )));
+                    }
+                    view_geometry(&spec.view, &m.shape)?.0
+                }
+                None => acc.ok_or_else(|| internal("no accumulator"))?.into(),
+            };
+            let a = align_frame(&shape, spec.frame, r, k).ok_or_else(|| internal("input rank changed"))?;
+            for d in 0..r {
+                if spec.aligned[d] != 1 {
+                    match rt[d] {
+                        None => rt[d] = Some(a[d]),
+                        Some(v) if v != a[d] => {
+                            return Err(internal(format!("inputs disagree on dimension {d} ({v} vs {})", a[d])))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if let Some(d) = (0..r).find(|&d| spec.aligned[d] == 1 && a[d] != 1) {
+                return Err(internal(format!(
+                    "an input broadcast along dimension {d} at compile time has size {} now",
+                    a[d]
+                )));
+            }
+        }
+        Ok((0..r).map(|d| rt[d].unwrap_or(ct[d])).collect())
+    }
+
+    /// Runs on `inputs` (the kernel's inputs, in order) and, in an epilogue,
+    /// the f32 product `acc` of shape `acc_shape`.
+    pub(crate) fn run(
+        &self,
+        inputs: &[Arc<Buffer>],
+        acc: Option<(&[f32], &[usize])>,
+        tracker: &Arc<MemoryTracker>,
+    ) -> Result<Vec<Buffer>> {
+        let shape = self.runtime_shape(inputs, acc.map(|a| a.1))?;
+        let (r, k) = (shape.len(), self.kernel.row_dims);
+        let outer: Shape = shape[..r - k].into();
+        let rows = numel(&outer);
+        let cols = numel(&shape[r - k..]);
+        let total = numel(&shape);
+        if self.has_extreme && rows > 0 && cols == 0 {
+            return Err(trace_ir::Error::shape("max", "cannot reduce over an empty axis", &[&shape]));
+        }
+        // Outputs, allocated (and counted) before the work starts.
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        let mut dsts = Vec::with_capacity(self.outputs.len());
+        for (o, meta) in self.outputs.iter().enumerate() {
+            let frame = self.stores.iter().find(|s| s.output == o).map_or(Frame::Elem, |s| s.frame);
+            let mut dims = meta.shape.clone();
+            for (i, p) in positions(dims.len(), frame, r, k).enumerate() {
+                if dims[i] != 1 {
+                    dims[i] = shape[p];
+                }
+            }
+            let m = Meta::new(dims, meta.dtype);
+            check_alloc(&m)?;
+            let (data, dst) =
+                alloc_output(m.dtype, m.numel(), tracker).ok_or_else(|| internal(format!("a loop cannot store {}", m.dtype)))?;
+            outputs.push(Buffer::host(m, data, tracker));
+            dsts.push(dst);
+        }
+        // Loads and scalars.
+        let full = row_major(&shape);
+        let outer_full = row_major(&outer);
+        let mut scalars = vec![0.0f32; self.kernel.instrs.len()];
+        let mut loads: Vec<LoadRt<'_>> = Vec::with_capacity(self.kernel.instrs.len());
+        for (reg, spec) in self.loads.iter().enumerate() {
+            let Some(spec) = spec else {
+                loads.push(LoadRt { data: Data::F32(&[]), access: Access::Contig { offset: 0 } });
+                continue;
+            };
+            let (data, vshape, vstrides, offset) = match spec.input {
+                Some(i) => {
+                    let d = Data::of(host(&inputs[i])?);
+                    let (vs, st, off) = view_geometry(&spec.view, &inputs[i].meta().shape)?;
+                    (d, vs, st, off)
+                }
+                None => {
+                    let (a, s) = acc.ok_or_else(|| internal("no accumulator"))?;
+                    (Data::F32(a), Shape::from_slice(s), row_major(s), 0)
+                }
+            };
+            if data.len() < numel(&vshape).min(1) {
+                return Err(internal("an input buffer is empty"));
+            }
+            // Strides over the iteration space: broadcast dimensions read stride 0.
+            let mut strides: Strides = SmallVec::from_elem(0, r);
+            for (i, p) in positions(vshape.len(), spec.frame, r, k).enumerate() {
+                strides[p] = if vshape[i] == 1 { 0 } else { vstrides[i] };
+            }
+            let access = match self.level[reg] {
+                Level::Scalar => {
+                    if total > 0 && !data.is_empty() {
+                        scalars[reg] = data.get(offset);
+                    }
+                    Access::Contig { offset }
+                }
+                Level::Row => {
+                    let os: Strides = strides[..r - k].into();
+                    if same_walk(&os, &outer_full, &outer) {
+                        Access::Contig { offset }
+                    } else {
+                        Access::Strided { strides: os, offset }
+                    }
+                }
+                Level::Elem => {
+                    if same_walk(&strides, &full, &shape) {
+                        Access::Contig { offset }
+                    } else {
+                        Access::Strided { strides, offset }
+                    }
+                }
+            };
+            loads.push(LoadRt { data, access });
+        }
+        for &reg in &self.scalar_order {
+            let sc = &scalars;
+            let v = match &self.kernel.instrs[reg] {
+                Instr::Load { .. } | Instr::Acc => sc[reg],
+                Instr::Literal { value } => *value,
+                Instr::Unary { op, x } => with_unary!(*op, |f| f(sc[*x])),
+                Instr::Binary { op, a, b } => with_binary!(*op, |f| f(sc[*a], sc[*b])),
+                Instr::Where { c, a, b } => {
+                    if sc[*c] != 0.0 {
+                        sc[*a]
+                    } else {
+                        sc[*b]
+                    }
+                }
+                Instr::Round { to, x } => round_to(*to, sc[*x]),
+                Instr::Reduce { op, x } => reduce_const(*op, sc[*x], cols),
+            };
+            scalars[reg] = v;
+        }
+        if total == 0 {
+            return Ok(outputs);
+        }
+        let rs = RunState { shape, outer, cols, scalars, loads, outputs: dsts };
+        // Tiles.
+        let (ntiles, per) = if k == 0 {
+            (total.div_ceil(TILE), TILE)
+        } else {
+            let per = (TILE / cols.max(1)).max(1);
+            (rows.div_ceil(per), per)
+        };
+        let tile = |i: usize| -> Tile {
+            if k == 0 {
+                let start = i * per;
+                Tile { start, len: per.min(total - start), r0: 0, nr: 0 }
+            } else if self.chunked && cols > TILE {
+                // One long row, walked in chunks of TILE.
+                Tile { start: i * cols, len: TILE, r0: i, nr: 1 }
+            } else {
+                let r0 = i * per;
+                let nr = per.min(rows - r0);
+                Tile { start: r0 * cols, len: nr * cols, r0, nr }
+            }
+        };
+        let (elem_cap, row_cap) = if k == 0 {
+            (TILE.min(total), 0)
+        } else if self.chunked && cols > TILE {
+            (TILE, 1)
+        } else {
+            (per * cols, per)
+        };
+        let scratch = || Scratch {
+            elem: vec![vec![0.0f32; elem_cap]; self.n_elem],
+            row: vec![vec![0.0f32; row_cap]; self.n_row],
+            tmp: if self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. })) {
+                [vec![0.0; elem_cap.max(row_cap)], vec![0.0; elem_cap.max(row_cap)], vec![0.0; elem_cap.max(row_cap)]]
+            } else {
+                [Vec::new(), Vec::new(), Vec::new()]
+            },
+        };
+        let isa = Isa::detect();
+        if total >= PAR_ELEMS && ntiles > 1 {
+            (0..ntiles).into_par_iter().for_each_init(scratch, |s, i| run_tile(isa, self, &rs, s, tile(i)));
+        } else {
+            let mut s = scratch();
+            for i in 0..ntiles {
+                run_tile(isa, self, &rs, &mut s, tile(i));
+            }
+        }
+        Ok(outputs)
+    }
+}
+
+/// Whether walking `shape` with `strides` visits memory in order (dimensions
+/// of size 1 do not matter).
+fn same_walk(strides: &[usize], contiguous: &[usize], shape: &[usize]) -> bool {
+    strides.iter().zip(contiguous).zip(shape).all(|((&s, &c), &d)| d == 1 || s == c)
+}
+
+impl Data<'_> {
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
