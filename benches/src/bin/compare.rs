@@ -30,6 +30,9 @@ struct Measured {
     cold_ms: f64,
     warm_ms: f64,
     peak_bytes: usize,
+    /// Peak bytes above what was live before the step (the inputs): the
+    /// memory the computation itself needed.
+    extra_bytes: usize,
 }
 
 fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> {
@@ -44,10 +47,12 @@ fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> 
         Ok(ms)
     };
     let cold_ms = step()?;
+    let before = ctx.memory().live_bytes;
     ctx.reset_peak_memory();
     let mut times = (0..runs).map(|_| step()).collect::<Result<Vec<_>>>()?;
     times.sort_by(f64::total_cmp);
-    Ok(Measured { cold_ms, warm_ms: times[times.len() / 2], peak_bytes: ctx.memory().peak_bytes })
+    let peak_bytes = ctx.memory().peak_bytes;
+    Ok(Measured { cold_ms, warm_ms: times[times.len() / 2], peak_bytes, extra_bytes: peak_bytes - before })
 }
 
 /// Host copy bandwidth in GB/s (read + write), the ceiling for elementwise work.
@@ -77,8 +82,8 @@ fn main() -> Result<()> {
     };
     if !args.json {
         println!(
-            "{:<18} {:>10} {:>10} {:>13} {:>8} {:>17} {:>17}",
-            "workload", "strict_ms", "fused_ms", "fused_cold_ms", "speedup", "strict_peak_bytes", "fused_peak_bytes"
+            "{:<18} {:>10} {:>10} {:>13} {:>8} {:>17} {:>17} {:>12}",
+            "workload", "strict_ms", "fused_ms", "fused_cold_ms", "speedup", "strict_peak_bytes", "fused_peak_bytes", "extra_ratio"
         );
     }
     let mut log_speedup = 0.0;
@@ -89,13 +94,20 @@ fn main() -> Result<()> {
         log_speedup += speedup.ln();
         if args.json {
             println!(
-                "{{\"workload\":\"{name}\",\"strict_ms\":{:.3},\"fused_ms\":{:.3},\"fused_cold_ms\":{:.3},\"speedup\":{:.3},\"strict_peak_bytes\":{},\"fused_peak_bytes\":{}}}",
-                strict.warm_ms, fused.warm_ms, fused.cold_ms, speedup, strict.peak_bytes, fused.peak_bytes
+                "{{\"workload\":\"{name}\",\"strict_ms\":{:.3},\"fused_ms\":{:.3},\"fused_cold_ms\":{:.3},\"speedup\":{:.3},\"strict_peak_bytes\":{},\"fused_peak_bytes\":{},\"strict_extra_bytes\":{},\"fused_extra_bytes\":{}}}",
+                strict.warm_ms, fused.warm_ms, fused.cold_ms, speedup, strict.peak_bytes, fused.peak_bytes, strict.extra_bytes, fused.extra_bytes
             );
         } else {
             println!(
-                "{:<18} {:>10.2} {:>10.2} {:>13.2} {:>8.2} {:>17} {:>17}",
-                name, strict.warm_ms, fused.warm_ms, fused.cold_ms, speedup, strict.peak_bytes, fused.peak_bytes
+                "{:<18} {:>10.2} {:>10.2} {:>13.2} {:>8.2} {:>17} {:>17} {:>12.2}",
+                name,
+                strict.warm_ms,
+                fused.warm_ms,
+                fused.cold_ms,
+                speedup,
+                strict.peak_bytes,
+                fused.peak_bytes,
+                fused.extra_bytes as f64 / strict.extra_bytes.max(1) as f64
             );
         }
         if *name == "gelu_tanh" && !args.json {
@@ -112,6 +124,7 @@ fn main() -> Result<()> {
     }
     if !args.json {
         println!("geometric-mean speedup: {:.2}", (log_speedup / names.len() as f64).exp());
+        println!("extra_ratio: fused / strict peak bytes above the inputs held before the step");
     }
     Ok(())
 }
