@@ -1,0 +1,147 @@
+//! The three cache tiers: hits on repeated op sequences, rebuilt corrupt disk
+//! entries, and one cache directory filled by two processes at once.
+
+use std::path::{Path, PathBuf};
+
+use deferfuse::{Config, Context, DType, Mode, Result, Tensor};
+
+fn block(ctx: &Context, seed: u64, scale: f64) -> Result<Tensor> {
+    let x = ctx.randn(&[64, 32], DType::F32, seed)?;
+    let h = x.mul(scale)?.tanh()?.add(&x)?;
+    h.softmax(-1)?.mul(&h)?.sum(&[-1], false)
+}
+
+fn fused(cache_dir: Option<PathBuf>) -> Context {
+    Context::new(Config { mode: Mode::DeferAndFuse, cache_dir, ..Config::default() }).unwrap()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("deferfuse-cache-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn the_same_op_sequence_on_new_data_and_scalars_hits_tier_1() {
+    let ctx = fused(None);
+    let first = block(&ctx, 1, 0.5).unwrap().to_vec::<f32>().unwrap();
+    let after_first = ctx.stats().cache;
+    // New data (another seed is another literal, so build the input outside
+    // the measured sequence) and a new scalar value.
+    let x = ctx.from_vec((0..64 * 32).map(|i| (i % 17) as f32 * 0.1).collect(), &[64, 32]).unwrap();
+    let run = |scale: f64| {
+        let h = x.mul(scale).unwrap().tanh().unwrap().add(&x).unwrap();
+        h.softmax(-1).unwrap().mul(&h).unwrap().sum(&[-1], false).unwrap()
+    };
+    // 0.5 and 3.0 would be literals the rewrites see (see `is_rewrite_literal`).
+    let a = run(0.3).to_vec::<f32>().unwrap();
+    let misses = ctx.stats().cache.tier1.misses;
+    let b = run(0.125).to_vec::<f32>().unwrap();
+    let c = run(7.5).to_vec::<f32>().unwrap();
+    let stats = ctx.stats().cache;
+    assert_eq!(stats.tier1.misses, misses, "a new scalar value recompiled: {stats:?}");
+    assert!(stats.tier1.hits >= 2, "{stats:?}");
+    assert!(after_first.rewrite_ns > 0 && after_first.tier1.misses >= 1);
+    assert_eq!(first.len(), 64);
+    assert_ne!(a, b);
+    assert_ne!(b, c);
+    // The fused program was a handful of kernels, and the rewrites lifted the softmax.
+    let report = ctx.last_flush().unwrap();
+    assert!(report.kernels < report.trace_nodes, "{report:?}");
+}
+
+#[test]
+fn strict_reuses_single_op_executables() {
+    let ctx = Context::with_mode(Mode::Strict).unwrap();
+    let x = ctx.ones(&[16], DType::F32).unwrap();
+    let mut y = x.clone();
+    for _ in 0..50 {
+        y = y.mul(0.5).unwrap().add(&x).unwrap();
+    }
+    y.to_vec::<f32>().unwrap();
+    let stats = ctx.stats().cache;
+    assert!(stats.tier2.misses <= 4, "{stats:?}");
+    assert!(stats.tier1.hits >= 95, "{stats:?}");
+}
+
+#[test]
+fn a_corrupt_disk_entry_is_rebuilt_and_the_result_is_still_right() {
+    let dir = temp_dir("corrupt");
+    let expected = block(&fused(None), 3, 0.5).unwrap().to_vec::<f32>().unwrap();
+
+    let first = fused(Some(dir.clone()));
+    assert_eq!(block(&first, 3, 0.5).unwrap().to_vec::<f32>().unwrap(), expected);
+    let entries = entries(&dir);
+    assert!(!entries.is_empty(), "nothing was written to {}", dir.display());
+
+    // A second process (a new context) hits tier 3 and skips rewriting.
+    let second = fused(Some(dir.clone()));
+    assert_eq!(block(&second, 3, 0.5).unwrap().to_vec::<f32>().unwrap(), expected);
+    let stats = second.stats().cache;
+    assert!(stats.tier3.hits >= 1 && stats.rewrite_ns == 0, "{stats:?}");
+
+    // Corrupt every entry: detected, rebuilt, same numbers.
+    for path in &entries {
+        let mut bytes = std::fs::read(path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x55;
+        std::fs::write(path, &bytes).unwrap();
+    }
+    let third = fused(Some(dir.clone()));
+    assert_eq!(block(&third, 3, 0.5).unwrap().to_vec::<f32>().unwrap(), expected);
+    let stats = third.stats().cache;
+    assert!(stats.tier3.rejected >= 1 && stats.rewrite_ns > 0, "{stats:?}");
+    let fourth = fused(Some(dir.clone()));
+    block(&fourth, 3, 0.5).unwrap().to_vec::<f32>().unwrap();
+    assert!(fourth.stats().cache.tier3.hits >= 1, "the rebuilt entry was not stored");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    walk(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "entry")).collect()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Run by `two_processes_fill_one_cache_directory` in child processes.
+#[test]
+fn child_fills_the_cache() {
+    let Ok(dir) = std::env::var("DEFERFUSE_TEST_CACHE_CHILD") else { return };
+    let ctx = fused(Some(dir.into()));
+    for seed in 0..20 {
+        let got = block(&ctx, seed % 5, 0.5).unwrap().to_vec::<f32>().unwrap();
+        let want = block(&fused(None), seed % 5, 0.5).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(got, want, "seed {seed}");
+    }
+}
+
+#[test]
+fn two_processes_fill_one_cache_directory() {
+    let dir = temp_dir("two-processes");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "child_fills_the_cache", "--test-threads", "1"])
+                .env("DEFERFUSE_TEST_CACHE_CHILD", &dir)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a child process failed");
+    }
+    assert!(!entries(&dir).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
