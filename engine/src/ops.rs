@@ -357,6 +357,9 @@ impl Tensor {
     }
 
     pub fn transpose(&self, a: i64, b: i64) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return Ok(self.clone());
+        }
         let (a, b) = (normalize_axis("transpose", a, self.rank())?, normalize_axis("transpose", b, self.rank())?);
         let mut perm: Vec<usize> = (0..self.rank()).collect();
         perm.swap(a, b);
@@ -381,6 +384,9 @@ impl Tensor {
     /// Python-style slice `[start:stop:step]` along `axis`: negative indices
     /// count from the end and out-of-range bounds are clamped.
     pub fn slice(&self, axis: i64, start: i64, stop: i64, step: usize) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return Err(Error::shape("slice", "cannot slice a zero-dimensional tensor", &[&self.meta().shape]));
+        }
         let axis = normalize_axis("slice", axis, self.rank())?;
         if step == 0 {
             return Err(Error::attr("slice", "step must be positive"));

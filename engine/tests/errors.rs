@@ -23,6 +23,11 @@ fn bad_shapes_raise_at_the_call_in_every_mode() {
         let err = Tensor::cat(&[&a, &b], 0).unwrap_err().to_string();
         assert!(err.contains("concat") && err.contains("[2, 3]"), "{mode}: {err}");
 
+        let scalar = ctx.scalar(1.5f32).unwrap();
+        let err = scalar.slice(0, 0, 1, 1).unwrap_err().to_string();
+        assert!(err.contains("slice") && err.contains("[]"), "{mode}: {err}");
+        assert_eq!(scalar.transpose(0, -1).unwrap().item::<f32>().unwrap(), 1.5);
+
         // The context is still usable after the errors, and nothing was lost.
         assert_eq!(a.add(1.0).unwrap().sum_all().unwrap().item::<f32>().unwrap(), 6.0);
     }

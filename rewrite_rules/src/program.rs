@@ -79,6 +79,7 @@ pub struct Kernel {
 /// How a kernel computes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)] // one per kernel; boxing would only obscure the format
 pub enum KernelKind {
     /// One primitive op on `inputs`, producing `outputs[0]`.
     Single {

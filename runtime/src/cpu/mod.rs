@@ -91,6 +91,7 @@ impl Backend for CpuBackend {
 }
 
 /// How one kernel of a program runs.
+#[allow(clippy::large_enum_variant)] // one per kernel, built once
 enum Compiled {
     /// One op, by the reference code above.
     Single(Op),

@@ -160,12 +160,30 @@ pub fn erf(x: f32) -> f32 {
     xc * p / q
 }
 
-/// Exact-form GELU, `0.5 x (1 + erf(x / sqrt 2))`. Error ≤ 5e-7 × max(1, |x|)
-/// (the erf error, scaled by `x / 2`); relative accuracy is lost in the
-/// negative tail, where `1 + erf` cancels and |value| < 1e-6.
+/// Exact-form GELU, `0.5 x (1 + erf(x / sqrt 2))`, written as `0.5 x
+/// erfc(-x / sqrt 2)` so the negative tail keeps its relative accuracy.
+/// `erfc(z) = t exp(-z^2 + P(t))` with `t = 1 / (1 + z/2)` (the Chebyshev
+/// fit of Numerical Recipes' `erfcc`, fractional error < 1.2e-7), and
+/// `exp(-x^2/2)` evaluated from an exact split of `x^2` so large arguments
+/// lose nothing to rounding. Rel error ≤ 1e-6 wherever the value is normal
+/// (measured 4.8e-7, over [-13, 10]); ±inf and NaN follow the f64 reference.
 #[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+    let a = x.abs();
+    let z = a * std::f32::consts::FRAC_1_SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let p = -1.265_512_2
+        + t * (1.000_023_7
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07 + t * (-1.135_203_98 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    // z^2 = a^2 / 2 with a = ah + al, ah holding 12 significant bits so ah^2 is exact.
+    let ah = f32::from_bits(a.to_bits() & 0xFFFF_F000);
+    let cross = if a.is_finite() { 0.5 * (a - ah) * (a + ah) } else { 0.0 };
+    let tail = t * exp(-0.5 * (ah * ah)) * exp(p - cross);
+    let e = if x < 0.0 { tail } else { 2.0 - tail };
+    0.5 * x * e
 }
 
 #[cfg(test)]
@@ -265,8 +283,11 @@ mod tests {
         let (e, at) = max_abs(gelu_tanh, exact_tanh, sweep(-20.0, -5.0, 1_000_000));
         assert!(e <= 1e-10, "gelu_tanh abs err {e} at {at}");
         let exact_erf = |x: f64| 0.5 * x * crate::cpu::erf::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
-        let (e, at) = max_abs(|x| gelu_erf(x) / x.abs().max(1.0), |x| exact_erf(x) / x.abs().max(1.0), sweep(-10.0, 10.0, 1_000_000));
-        assert!(e <= 5e-7, "gelu_erf scaled err {e} at {at}");
+        let (e, at) = max_rel(gelu_erf, exact_erf, sweep(-13.0, 10.0, 2_000_000));
+        assert!(e <= 1e-6, "gelu_erf rel err {e} at {at}");
+        assert!(gelu_erf(f32::NAN).is_nan() && gelu_erf(f32::NEG_INFINITY).is_nan());
+        assert_eq!(gelu_erf(f32::INFINITY), f32::INFINITY);
+        assert_eq!(gelu_erf(-20.0), 0.0);
     }
 
     #[test]

@@ -263,7 +263,7 @@ fn extreme(x: &[f32], max: bool) -> f32 {
             let v = c[i];
             let better = if max { v > acc[i] } else { v < acc[i] };
             acc[i] = if better { v } else { acc[i] };
-            nan[i] |= (v != v) as u32;
+            nan[i] |= v.is_nan() as u32;
         }
     }
     let mut m = init;
@@ -440,7 +440,7 @@ fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg:
                     let (aa, ba) = (arg(*a), arg(*b));
                     match (op, ba) {
                         // x ** 2 is the common square; skip the library call.
-                        (BinaryOp::Pow, A::S(e)) if e == 2.0 => bin(|x, _| x * x, out, aa, ba, cols),
+                        (BinaryOp::Pow, A::S(2.0)) => bin(|x, _| x * x, out, aa, ba, cols),
                         _ => with_binary!(*op, |f| bin(f, out, aa, ba, cols)),
                     }
                 }
