@@ -24,9 +24,14 @@ struct Args {
     /// Only these workloads (repeatable).
     #[arg(long)]
     workload: Vec<String>,
+    /// Also print, per workload, the rewrite rules that fired and the kernel count.
+    #[arg(long)]
+    rules: bool,
 }
 
 struct Measured {
+    /// Rules that fired on the first (cold) flush, and its kernel count.
+    rules: String,
     cold_ms: f64,
     warm_ms: f64,
     peak_bytes: usize,
@@ -47,12 +52,16 @@ fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> 
         Ok(ms)
     };
     let cold_ms = step()?;
+    let rules = match ctx.last_flush() {
+        Some(f) => format!("{} kernels for {} trace nodes; rules: {:?}", f.kernels, f.trace_nodes, f.rules_fired.unwrap_or_default()),
+        None => String::new(),
+    };
     let before = ctx.memory().live_bytes;
     ctx.reset_peak_memory();
     let mut times = (0..runs).map(|_| step()).collect::<Result<Vec<_>>>()?;
     times.sort_by(f64::total_cmp);
     let peak_bytes = ctx.memory().peak_bytes;
-    Ok(Measured { cold_ms, warm_ms: times[times.len() / 2], peak_bytes, extra_bytes: peak_bytes - before })
+    Ok(Measured { rules, cold_ms, warm_ms: times[times.len() / 2], peak_bytes, extra_bytes: peak_bytes - before })
 }
 
 /// Host copy bandwidth in GB/s (read + write), the ceiling for elementwise work.
@@ -109,6 +118,9 @@ fn main() -> Result<()> {
                 fused.peak_bytes,
                 fused.extra_bytes as f64 / strict.extra_bytes.max(1) as f64
             );
+        }
+        if args.rules && !args.json {
+            println!("  {}", fused.rules);
         }
         if *name == "gelu_tanh" && !args.json {
             let elements = if args.quick { 1 << 20 } else { 4 << 20 };
