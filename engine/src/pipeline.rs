@@ -72,11 +72,19 @@ pub struct Prepared {
     pub rewrite: Option<RewriteReport>,
 }
 
+#[derive(Clone)]
+struct Entry {
+    program: Arc<Program>,
+    executable: Arc<dyn Executable>,
+}
+
 pub(crate) struct Pipeline {
     backend: Arc<dyn Backend>,
     rewrite: RewriteConfig,
     plan: PlanConfig,
-    programs: Mutex<AHashMap<(Preparation, Signature), Arc<Program>>>,
+    /// Tier 1. Each entry also holds its executable, so a hit (every op of
+    /// Strict after the first) costs one signature and one lookup.
+    programs: Mutex<AHashMap<(Preparation, Signature), Entry>>,
     executables: Mutex<AHashMap<Arc<[u8]>, Arc<dyn Executable>>>,
     disk: Option<DiskCache>,
     counters: Counters,
@@ -118,47 +126,50 @@ impl Pipeline {
 
     /// The executable for `trace`, and the program it runs.
     pub fn executable(&self, trace: &Trace, how: Preparation) -> Result<(Arc<dyn Executable>, Prepared)> {
-        let prepared = self.program(trace, how)?;
-        let key: Arc<[u8]> = prepared.program.canonical().into();
+        let key = (how, Signature::of(trace));
+        if let Some(entry) = self.programs.lock().unwrap().get(&key) {
+            count(&self.counters.tier1, true);
+            return Ok((entry.executable.clone(), Prepared { program: entry.program.clone(), rewrite: None }));
+        }
+        count(&self.counters.tier1, false);
+        let prepared = self.program(trace, how, &key.1)?;
+        let executable = self.compile(&prepared.program)?;
+        let entry = Entry { program: prepared.program.clone(), executable: executable.clone() };
+        self.programs.lock().unwrap().insert(key, entry);
+        Ok((executable, prepared))
+    }
+
+    /// Tier 2: programs that two signatures share compile once.
+    fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>> {
+        let key: Arc<[u8]> = program.canonical().into();
         if let Some(exe) = self.executables.lock().unwrap().get(&key) {
             count(&self.counters.tier2, true);
-            return Ok((exe.clone(), prepared));
+            return Ok(exe.clone());
         }
         count(&self.counters.tier2, false);
         // Compile outside the lock; a racing thread may compile the same
         // program too, and the first insert wins.
         let start = Instant::now();
-        let exe = self.backend.compile(&prepared.program)?;
+        let exe = self.backend.compile(program)?;
         self.counters.compile_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
-        let exe = self.executables.lock().unwrap().entry(key).or_insert(exe).clone();
-        Ok((exe, prepared))
+        Ok(self.executables.lock().unwrap().entry(key).or_insert(exe).clone())
     }
 
-    /// Tier 1, then tier 3, then rewriting and planning.
-    fn program(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
-        let key = (how, Signature::of(trace));
-        if let Some(p) = self.programs.lock().unwrap().get(&key) {
-            count(&self.counters.tier1, true);
-            return Ok(Prepared { program: p.clone(), rewrite: None });
-        }
-        count(&self.counters.tier1, false);
-        let disk_key = self.disk.as_ref().filter(|_| how == Preparation::Fused).map(|_| self.disk_key(&key.1));
+    /// Tier 3, then rewriting and planning.
+    fn program(&self, trace: &Trace, how: Preparation, signature: &Signature) -> Result<Prepared> {
+        let disk_key = self.disk.as_ref().filter(|_| how == Preparation::Fused).map(|_| self.disk_key(signature));
         let from_disk = disk_key.as_ref().and_then(|k| {
             let bytes = self.disk.as_ref()?.get(k)?;
             let text = std::str::from_utf8(&bytes).ok()?;
             Program::from_json(text).map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache")).ok()
         });
-        let prepared = match from_disk {
-            Some(program) => Prepared { program: Arc::new(program), rewrite: None },
-            None => {
-                let prepared = self.prepare(trace, how)?;
-                if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
-                    disk.put(k, prepared.program.to_json().as_bytes());
-                }
-                prepared
-            }
-        };
-        self.programs.lock().unwrap().insert(key, prepared.program.clone());
+        if let Some(program) = from_disk {
+            return Ok(Prepared { program: Arc::new(program), rewrite: None });
+        }
+        let prepared = self.prepare(trace, how)?;
+        if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
+            disk.put(k, prepared.program.to_json().as_bytes());
+        }
         Ok(prepared)
     }
 

@@ -196,7 +196,7 @@ pub enum Instr {
     /// A constant.
     Literal {
         /// The value (already rounded to the literal's dtype).
-        #[serde(with = "f32_literal")]
+        #[serde(with = "trace_ir::literal::f32")]
         value: f32,
     },
     /// A unary op on a float or bool register.
@@ -418,37 +418,4 @@ pub(crate) fn live_nodes(trace: &Trace) -> Vec<bool> {
         }
     }
     live
-}
-
-/// f32 literals in JSON: NaN and infinities as strings.
-mod f32_literal {
-    use serde::{de, Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
-        if v.is_nan() {
-            s.serialize_str("nan")
-        } else if v.is_infinite() {
-            s.serialize_str(if *v > 0.0 { "inf" } else { "-inf" })
-        } else {
-            s.serialize_f32(*v)
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Lit {
-            Num(f32),
-            Str(String),
-        }
-        match Lit::deserialize(d)? {
-            Lit::Num(v) => Ok(v),
-            Lit::Str(s) => match s.as_str() {
-                "nan" => Ok(f32::NAN),
-                "inf" => Ok(f32::INFINITY),
-                "-inf" => Ok(f32::NEG_INFINITY),
-                other => Err(de::Error::custom(format!("not a number literal: {other:?}"))),
-            },
-        }
-    }
 }

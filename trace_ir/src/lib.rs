@@ -11,7 +11,7 @@ pub mod error;
 pub mod generate;
 pub mod infer;
 mod json;
-mod literal;
+pub mod literal;
 pub mod op;
 pub mod shape;
 pub mod signature;

@@ -30,3 +30,17 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         },
     }
 }
+
+/// The same for f32 literals (stored as the f64 they widen to, which reads
+/// back exactly).
+pub mod f32 {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+        super::serialize(&(*v as f64), s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+        super::deserialize(d).map(|v| v as f32)
+    }
+}

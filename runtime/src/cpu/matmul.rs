@@ -56,6 +56,27 @@ fn gemm_f32(dst: &mut [f32], lhs: &[f32], rhs: &[f32], m: usize, k: usize, n: us
 }
 
 /// `a` (shape `sa`) @ `b` (shape `sb`) into `out_shape`.
+/// Runs `one` on each `m x n` output matrix of `dst` with its operand
+/// offsets: a large product uses both cores inside gemm, many small ones are
+/// spread over the cores by batch, tiny work stays on this thread.
+pub(crate) fn for_each_batch<F>(dst: &mut [f32], offsets: &[(usize, usize)], (m, k, n): (usize, usize, usize), one: F)
+where
+    F: Fn(&mut [f32], (usize, usize), Parallelism) + Sync,
+{
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    if flops > PAR_FLOPS {
+        for (d, &o) in dst.chunks_mut(m * n).zip(offsets) {
+            one(d, o, Parallelism::Rayon(0));
+        }
+    } else if flops.saturating_mul(offsets.len()) > PAR_FLOPS {
+        dst.par_chunks_mut(m * n).zip(offsets).for_each(|(d, &o)| one(d, o, Parallelism::None));
+    } else {
+        for (d, &o) in dst.chunks_mut(m * n).zip(offsets) {
+            one(d, o, Parallelism::None);
+        }
+    }
+}
+
 pub(crate) fn matmul(a: &HostData, sa: &[usize], b: &HostData, sb: &[usize], out_shape: &[usize]) -> Result<HostData> {
     let bad = |msg: &str| Error::shape("matmul", msg.to_string(), &[&sa.into(), &sb.into()]);
     if sa.len() < 2 || sb.len() < 2 || out_shape.len() < 2 {
@@ -86,21 +107,9 @@ pub(crate) fn matmul(a: &HostData, sa: &[usize], b: &HostData, sb: &[usize], out
         walk(out_batch, [&astr, &bstr], 0, batches, |_, [oa, ob], run| {
             offsets.extend((0..run).map(|t| (oa + t * ai, ob + t * bi)));
         });
-        let flops = m.saturating_mul(n).saturating_mul(k);
-        let one = |dst: &mut [f32], (oa, ob): (usize, usize), par| {
+        for_each_batch(&mut out, &offsets, (m, k, n), |dst, (oa, ob), par| {
             gemm_f32(dst, &x[oa..oa + m * k], &y[ob..ob + k * n], m, k, n, par)
-        };
-        if flops > PAR_FLOPS {
-            for (dst, &o) in out.chunks_mut(m * n).zip(&offsets) {
-                one(dst, o, Parallelism::Rayon(0));
-            }
-        } else if flops.saturating_mul(batches) > PAR_FLOPS {
-            out.par_chunks_mut(m * n).zip(&offsets).for_each(|(dst, &o)| one(dst, o, Parallelism::None));
-        } else {
-            for (dst, &o) in out.chunks_mut(m * n).zip(&offsets) {
-                one(dst, o, Parallelism::None);
-            }
-        }
+        });
     }
     Ok(match a {
         HostData::BF16(_) => HostData::BF16(map_new(&out, bf16::from_f32)),

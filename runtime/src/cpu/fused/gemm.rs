@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use gemm::Parallelism;
 use half::{bf16, f16};
-use rayon::prelude::*;
 use rewrite_rules::program::{MatMulKernel, View};
 use trace_ir::shape::{broadcast_shapes, numel};
 use trace_ir::{DType, Error, Meta, Result, Shape};
@@ -17,9 +16,6 @@ use crate::buffer::{Buffer, HostData};
 use crate::cpu::elem::{walk, Strides};
 use crate::cpu::{check_alloc, host, internal};
 use crate::memory::{Lease, MemoryTracker};
-
-/// Products with more multiply-adds than this use rayon.
-const PAR_FLOPS: usize = 1 << 20;
 
 /// A matrix-product kernel ready to run.
 pub(crate) struct MatMulExec {
@@ -198,16 +194,5 @@ fn gemm_batched(
             )
         }
     };
-    let flops = m.saturating_mul(n).saturating_mul(k);
-    if flops > PAR_FLOPS {
-        for (d, &o) in dst.chunks_mut(m * n).zip(&offsets) {
-            one(d, o, Parallelism::Rayon(0));
-        }
-    } else if flops.saturating_mul(batches) > PAR_FLOPS {
-        dst.par_chunks_mut(m * n).zip(&offsets).for_each(|(d, &o)| one(d, o, Parallelism::None));
-    } else {
-        for (d, &o) in dst.chunks_mut(m * n).zip(&offsets) {
-            one(d, o, Parallelism::None);
-        }
-    }
+    crate::cpu::matmul::for_each_batch(dst, &offsets, (m, k, n), one);
 }
