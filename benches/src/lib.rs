@@ -22,6 +22,9 @@ pub struct Workload {
     pub name: &'static str,
     pub inputs: Vec<Tensor>,
     pub step: fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    /// The step's first `carried` outputs replace its first `carried` inputs
+    /// (an optimizer step's new state replaces the old, as in a training loop).
+    pub carried: usize,
 }
 
 pub const NAMES: [&str; 6] = ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"];
@@ -73,8 +76,9 @@ pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
         other => return Err(deferfuse::Error::attr("workload", format!("unknown workload {other:?}; known: {NAMES:?}"))),
     };
     ctx.sync()?;
+    let carried = if name == "adam_step" { 3 } else { 0 };
     let name = NAMES.iter().find(|n| **n == name).copied().unwrap_or("unknown");
-    Ok(Workload { name, inputs, step })
+    Ok(Workload { name, inputs, step, carried })
 }
 
 /// `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`, elementwise.
@@ -107,7 +111,8 @@ pub fn mlp_block(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor,
 }
 
 /// One Adam step (PyTorch's formulation, no weight decay); returns the new
-/// parameters and both moments.
+/// parameters and both moments, which replace the old ones (see
+/// [`Workload::carried`]).
 pub fn adam_step(p: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, t: i32) -> Result<Vec<Tensor>> {
     let (lr, beta1, beta2, eps): (f64, f64, f64, f64) = (1e-3, 0.9, 0.999, 1e-8);
     let m = m.mul(beta1)?.add(&g.mul(1.0 - beta1)?)?;

@@ -154,7 +154,69 @@ pub fn check_generated(bytes: &[u8]) -> Result<(), String> {
     // large argument amplify without bound.
     let config = crate::Config { fused_rounding: crate::FusedRounding::PerOp, ..crate::Config::default() };
     let actual = run_fused(&trace, &inputs, &config).map_err(|e| format!("fused run failed: {e}\n{}", trace.to_json()))?;
-    compare(&actual, &expected, loosest_float(&trace)).map_err(|e| format!("{e}\ntrace: {}", trace.to_json()))
+    compare(&actual, &expected, loosest_float(&trace)).map_err(|e| format!("{e}\ntrace: {}", trace.to_json()))?;
+    check_resized(&trace, &config, seed)
+}
+
+/// The shape-polymorphism half of [`check_generated`]: the program planned
+/// for `trace` and its compiled executable, resized to other sizes of the
+/// same shape class (every size `d ≥ 2` becomes `2d + 1`), must compute what
+/// the op-by-op reference computes on a trace recorded at those sizes. Traces
+/// that are invalid or of another class at those sizes are skipped, as are
+/// programs that are not resizable (they are planned anew in the engine).
+fn check_resized(trace: &trace_ir::Trace, config: &crate::Config, seed: u64) -> Result<(), String> {
+    use runtime::{Backend, CpuBackend, MemoryTracker};
+    let grow = |d: usize| if d >= 2 { 2 * d + 1 } else { d };
+    let Some(resized) = resize_trace(trace, grow) else { return Ok(()) };
+    let optimized = rewrite_rules::optimize(trace, &config.rewrite).map_err(|e| e.to_string())?.trace;
+    let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
+    let program = rewrite_rules::planner::plan(&optimized, &plan_config).map_err(|e| e.to_string())?;
+    let (from, to) = (trace_ir::ShapeClass::of(trace), trace_ir::ShapeClass::of(&resized));
+    if from.signature != to.signature {
+        // Sizes that do not follow the map (a slice's length, a merged
+        // reshape dimension): another class, which the engine plans anew.
+        return Ok(());
+    }
+    let Some(program2) = program.resized(from.size_map(&to)) else { return Ok(()) };
+    let backend = CpuBackend::new(MemoryTracker::new());
+    let exe = backend.compile(&program).map_err(|e| e.to_string())?;
+    let exe2 = exe.resized(&program2).ok_or("the native backend refused a resized program")?;
+    let inputs = random_inputs(&resized.parameters().iter().map(|&p| resized.meta(p).clone()).collect::<Vec<_>>(), seed ^ 1);
+    let expected = run_reference(&resized, &inputs).map_err(|e| format!("reference failed: {e}"))?;
+    let buffers = resized
+        .parameters()
+        .iter()
+        .zip(&inputs)
+        .map(|(&p, data)| backend.upload(resized.meta(p).clone(), data.clone()))
+        .collect::<trace_ir::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
+    let actual = exe2
+        .run(buffers)
+        .and_then(|outs| outs.iter().map(|b| backend.download(b)).collect::<trace_ir::Result<Vec<_>>>())
+        .map_err(|e| format!("resized run failed: {e}\ntrace: {}", trace.to_json()))?;
+    compare(&actual, &expected, loosest_float(&resized)).map_err(|e| format!("resized: {e}\ntrace: {}", trace.to_json()))
+}
+
+/// `trace` recorded again with every size `d` of its shapes and shape
+/// attributes replaced by `map(d)`; `None` when that is not a valid trace.
+pub fn resize_trace(trace: &trace_ir::Trace, map: impl Fn(usize) -> usize) -> Option<trace_ir::Trace> {
+    let mut out = trace_ir::Trace::new();
+    for node in &trace.nodes {
+        let mut op = node.op.clone();
+        if let Some(shape) = op.shape_attr_mut() {
+            shape.iter_mut().for_each(|d| *d = map(*d));
+        }
+        match op {
+            trace_ir::Op::Parameter { shape, dtype, .. } => {
+                out.push_parameter(Meta::new(shape, dtype));
+            }
+            op => {
+                out.push(op, &node.inputs).ok()?;
+            }
+        }
+    }
+    out.outputs = trace.outputs.clone();
+    Some(out)
 }
 
 /// The least precise float dtype any node of `trace` has.

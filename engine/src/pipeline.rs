@@ -2,7 +2,12 @@
 //! goes through here, so the same op sequence is rewritten, planned and
 //! compiled once.
 //!
-//! - tier 1, in memory: trace signature → program (skips rewriting and planning);
+//! - tier 1, in memory: trace signature → program (skips rewriting and
+//!   planning). It is keyed by the trace's shape class ([`ShapeClass`]): a
+//!   trace that differs only in sizes (a new batch size) reuses the program
+//!   and executable planned for the first sizes, resized, when the backend's
+//!   executables are shape-polymorphic (the native CPU backend's are); it is
+//!   planned and compiled for its own sizes otherwise;
 //! - tier 2, in memory: program fingerprint → executable (skips compiling; two
 //!   traces that optimize to the same program share it);
 //! - tier 3, on disk: a stable key of the signature, the engine and backend
@@ -18,7 +23,7 @@ use rewrite_rules::planner::{plan, PlanConfig};
 use rewrite_rules::program::Program;
 use rewrite_rules::{optimize, RewriteConfig, RewriteReport};
 use runtime::{Backend, Executable};
-use trace_ir::{Result, Signature, Trace};
+use trace_ir::{Result, ShapeClass, Signature, Trace};
 
 use crate::disk_cache::{DiskCache, DiskCacheStats};
 
@@ -44,6 +49,9 @@ pub struct TierStats {
 pub struct CacheStats {
     /// Signature → program.
     pub tier1: TierStats,
+    /// Tier-1 hits that served new sizes by resizing a program planned for
+    /// others (no rewriting, planning or compiling).
+    pub resized: u64,
     /// Program → executable.
     pub tier2: TierStats,
     /// On disk; `rejected` counts corrupt or foreign entries that were rebuilt.
@@ -57,6 +65,7 @@ pub struct CacheStats {
 #[derive(Default)]
 struct Counters {
     tier1: [AtomicU64; 2],
+    resized: AtomicU64,
     tier2: [AtomicU64; 2],
     rewrite_ns: AtomicU64,
     plan_ns: AtomicU64,
@@ -73,9 +82,45 @@ pub struct Prepared {
 }
 
 #[derive(Clone)]
-struct Entry {
+struct Instance {
     program: Arc<Program>,
     executable: Arc<dyn Executable>,
+}
+
+/// Everything tier 1 holds for one shape class.
+struct Entry {
+    /// The sizes planned first, and what was planned for them: other sizes
+    /// are resized from it.
+    template: (ShapeClass, Instance),
+    /// Instances by sizes (the template's included).
+    by_sizes: AHashMap<Vec<usize>, Instance>,
+}
+
+/// The most sizes one shape class keeps instances for.
+const MAX_INSTANCES: usize = 64;
+
+impl Entry {
+    fn new(class: ShapeClass, instance: Instance) -> Entry {
+        let by_sizes = AHashMap::from_iter([(class.sizes.clone(), instance.clone())]);
+        Entry { template: (class, instance), by_sizes }
+    }
+
+    fn insert(&mut self, sizes: Vec<usize>, instance: Instance) {
+        if self.by_sizes.len() >= MAX_INSTANCES {
+            let template = self.template.0.sizes.clone();
+            self.by_sizes.retain(|k, _| *k == template);
+        }
+        self.by_sizes.insert(sizes, instance);
+    }
+
+    /// The template resized to `class`'s sizes, when both the program and
+    /// its executable allow it.
+    fn resize(&self, class: &ShapeClass) -> Option<Instance> {
+        let (from, template) = &self.template;
+        let program = template.program.resized(from.size_map(class))?;
+        let executable = template.executable.resized(&program)?;
+        Some(Instance { program: Arc::new(program), executable })
+    }
 }
 
 pub(crate) struct Pipeline {
@@ -116,6 +161,7 @@ impl Pipeline {
         let tier = |p: &[AtomicU64; 2]| TierStats { hits: p[0].load(Ordering::Relaxed), misses: p[1].load(Ordering::Relaxed) };
         CacheStats {
             tier1: tier(&c.tier1),
+            resized: c.resized.load(Ordering::Relaxed),
             tier2: tier(&c.tier2),
             tier3: self.disk.as_ref().map(|d| d.stats()).unwrap_or_default(),
             rewrite_ns: c.rewrite_ns.load(Ordering::Relaxed),
@@ -126,16 +172,32 @@ impl Pipeline {
 
     /// The executable for `trace`, and the program it runs.
     pub fn executable(&self, trace: &Trace, how: Preparation) -> Result<(Arc<dyn Executable>, Prepared)> {
-        let key = (how, Signature::of(trace));
-        if let Some(entry) = self.programs.lock().unwrap().get(&key) {
-            count(&self.counters.tier1, true);
-            return Ok((entry.executable.clone(), Prepared { program: entry.program.clone(), rewrite: None }));
+        let class = ShapeClass::of(trace);
+        let key = (how, class.signature.clone());
+        if let Some(entry) = self.programs.lock().unwrap().get_mut(&key) {
+            let hit = match entry.by_sizes.get(&class.sizes) {
+                Some(instance) => Some(instance.clone()),
+                None => entry.resize(&class).inspect(|instance| {
+                    self.counters.resized.fetch_add(1, Ordering::Relaxed);
+                    entry.insert(class.sizes.clone(), instance.clone());
+                }),
+            };
+            if let Some(Instance { program, executable }) = hit {
+                count(&self.counters.tier1, true);
+                return Ok((executable, Prepared { program, rewrite: None }));
+            }
         }
         count(&self.counters.tier1, false);
-        let prepared = self.program(trace, how, &key.1)?;
+        let prepared = self.program(trace, how, &Signature::of(trace))?;
         let executable = self.compile(&prepared.program)?;
-        let entry = Entry { program: prepared.program.clone(), executable: executable.clone() };
-        self.programs.lock().unwrap().insert(key, entry);
+        let instance = Instance { program: prepared.program.clone(), executable: executable.clone() };
+        let mut programs = self.programs.lock().unwrap();
+        match programs.get_mut(&key) {
+            Some(entry) => entry.insert(class.sizes, instance),
+            None => {
+                programs.insert(key, Entry::new(class, instance));
+            }
+        }
         Ok((executable, prepared))
     }
 

@@ -145,3 +145,35 @@ fn two_processes_fill_one_cache_directory() {
     assert!(!entries(&dir).is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A block with a matmul epilogue, a row reduction and a reshape, at batch
+/// size `batch`, on inputs made from `batch`.
+fn sized_block(ctx: &Context, w: &Tensor, batch: usize) -> Result<Vec<f32>> {
+    let x = ctx.from_vec((0..batch * 32).map(|i| ((i * 7) % 23) as f32 * 0.1 - 1.0).collect(), &[batch, 32])?;
+    let h = x.matmul(&w.t()?)?.add(0.25)?.tanh()?;
+    let s = h.softmax(-1)?.mul(&h)?;
+    s.reshape(&[batch, 8, 8])?.sum(&[-1], false)?.to_vec::<f32>()
+}
+
+#[test]
+fn a_new_batch_size_compiles_nothing_on_the_native_backend() {
+    let ctx = fused(None);
+    let reference = Context::new(Config { mode: Mode::Strict, fusion: false, ..Config::default() }).unwrap();
+    let w = ctx.randn(&[64, 32], DType::F32, 3).unwrap();
+    let w_ref = reference.from_vec(w.to_vec::<f32>().unwrap(), &[64, 32]).unwrap();
+    sized_block(&ctx, &w, 6).unwrap();
+    let planned = ctx.stats().cache;
+    for batch in [24, 40, 6, 24] {
+        let got = sized_block(&ctx, &w, batch).unwrap();
+        let want = sized_block(&reference, &w_ref, batch).unwrap();
+        assert_eq!(got.len(), batch * 8);
+        let tol = deferfuse::differential::tolerance(DType::F32);
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(deferfuse::differential::close(*g as f64, *e as f64, tol), "batch {batch}, element {i}: {g} vs {e}");
+        }
+    }
+    let stats = ctx.stats().cache;
+    assert_eq!(stats.tier2.misses, planned.tier2.misses, "a new batch size compiled: {stats:?}");
+    assert_eq!((stats.rewrite_ns, stats.plan_ns, stats.compile_ns), (planned.rewrite_ns, planned.plan_ns, planned.compile_ns));
+    assert_eq!(stats.resized, 2, "batch 24 and 40 are resized from batch 6, then found: {stats:?}");
+}

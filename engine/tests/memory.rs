@@ -47,3 +47,36 @@ fn live_bytes_return_to_zero_when_everything_is_dropped() {
         assert_eq!(ctx.memory().live_bytes, 0, "{mode}");
     }
 }
+
+/// An optimizer-style update: the new state replaces the old, so the old
+/// buffers are dropped before the flush and the fused kernel writes the new
+/// values into them (buffer donation): the step allocates nothing.
+#[test]
+fn a_fused_step_writes_into_inputs_nobody_else_holds() {
+    let ctx = Context::with_mode(Mode::DeferAndFuse).unwrap();
+    let reference = Context::new(deferfuse::Config { mode: Mode::Strict, fusion: false, ..deferfuse::Config::default() }).unwrap();
+    let mut state = [ctx.randn(&[N], DType::F32, 1).unwrap(), ctx.randn(&[N], DType::F32, 2).unwrap()];
+    let grad = ctx.randn(&[N], DType::F32, 3).unwrap();
+    let copy = |t: &Tensor| reference.from_vec(t.to_vec::<f32>().unwrap(), &[N]).unwrap();
+    let mut expected = [copy(&state[0]), copy(&state[1])];
+    let grad_ref = copy(&grad);
+    let step = |[p, m]: [Tensor; 2], g: &Tensor| -> [Tensor; 2] {
+        let m = m.mul(0.9).unwrap().add(&g.mul(0.1).unwrap()).unwrap();
+        let p = p.sub(&m.mul(0.01).unwrap()).unwrap();
+        [p, m]
+    };
+    ctx.sync().unwrap();
+    let held = ctx.memory().live_bytes;
+    ctx.reset_peak_memory();
+    for _ in 0..3 {
+        state = step(state, &grad);
+        ctx.sync().unwrap();
+        expected = step(expected, &grad_ref);
+    }
+    // Only the step's scalars (three f32 parameters) are new.
+    let peak = ctx.memory().peak_bytes;
+    assert!(peak <= held + 64, "the step allocated {} bytes beyond its inputs", peak - held);
+    for (got, want) in state.iter().zip(&expected) {
+        assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    }
+}

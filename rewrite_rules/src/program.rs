@@ -373,6 +373,52 @@ impl Program {
         serde_json::from_str(text).map_err(|e| trace_ir::Error::InvalidTrace(format!("not a program: {e}")))
     }
 
+    /// The same program over other sizes of the same ranks and broadcast
+    /// pattern: every size `d` of a value shape or shape attribute becomes
+    /// `map(d)`. `None` when a size has no image, or the program fixes sizes
+    /// that do not follow from the shapes (a strided view's strides and
+    /// offset), so it must be planned again.
+    pub fn resized(&self, map: impl Fn(usize) -> Option<usize>) -> Option<Program> {
+        let resize = |shape: &mut Shape| -> Option<()> {
+            for d in shape.iter_mut() {
+                *d = map(*d)?;
+            }
+            Some(())
+        };
+        let fixed = |v: &View| matches!(v, View::Strided { .. });
+        let loop_ok = |l: &mut LoopKernel| -> Option<()> {
+            let strided = l.instrs.iter().any(|i| matches!(i, Instr::Load { view, .. } if fixed(view)));
+            if strided {
+                return None;
+            }
+            resize(&mut l.shape)
+        };
+        let mut p = self.clone();
+        for meta in &mut p.values {
+            resize(&mut meta.shape)?;
+        }
+        for kernel in &mut p.kernels {
+            match &mut kernel.kind {
+                KernelKind::Single { op } => {
+                    if let Some(shape) = op.shape_attr_mut() {
+                        resize(shape)?;
+                    }
+                }
+                KernelKind::Loop(l) => loop_ok(l)?,
+                KernelKind::MatMul(mm) => {
+                    if fixed(&mm.lhs) || fixed(&mm.rhs) {
+                        return None;
+                    }
+                    resize(&mut mm.shape)?;
+                    if let Some(e) = &mut mm.epilogue {
+                        loop_ok(e)?;
+                    }
+                }
+            }
+        }
+        Some(p)
+    }
+
     /// The metas of the parameters, in parameter order.
     pub fn param_metas(&self) -> Vec<&Meta> {
         self.params.iter().map(|&p| &self.values[p]).collect()

@@ -14,6 +14,15 @@ pub trait Executable: Send + Sync {
     /// returns one buffer per program output. Inputs are passed by value so
     /// the executable can free each one after its last use, or reuse its memory.
     fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>>;
+
+    /// This executable for `program`, which is the program it was compiled
+    /// from at other sizes ([`Program::resized`]), without compiling again.
+    /// `None` where executables are specialized to their sizes (the
+    /// default), and the program must be compiled anew.
+    fn resized(&self, program: &Program) -> Option<Arc<dyn Executable>> {
+        let _ = program;
+        None
+    }
 }
 
 /// A place where programs compile and buffers live.

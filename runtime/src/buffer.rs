@@ -123,6 +123,13 @@ impl Buffer {
     }
 
     /// Takes the data out for reuse in place; the lease moves with it to the new buffer.
+    /// The host data, to write in place; the caller holds the only reference.
+    pub fn host_data_mut(&mut self) -> Option<&mut HostData> {
+        match &mut self.storage {
+            Storage::Host(d) => Some(d),
+        }
+    }
+
     pub fn into_host_data(mut self) -> Option<(HostData, Lease)> {
         let lease = self.lease.take()?;
         let Storage::Host(d) = std::mem::replace(&mut self.storage, Storage::Host(HostData::Bool(Vec::new())));

@@ -23,5 +23,5 @@ pub use infer::{infer, reduced_shape, Meta};
 pub use json::TRACE_FORMAT_VERSION;
 pub use op::{ArgReduceOp, Axes, BinaryOp, Distribution, Op, ReduceOp, UnaryOp};
 pub use shape::Shape;
-pub use signature::Signature;
+pub use signature::{ShapeClass, Signature};
 pub use trace::{Node, NodeId, Trace};

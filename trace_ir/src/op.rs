@@ -208,6 +208,20 @@ pub enum Op {
 }
 
 impl Op {
+    /// The shape an op carries as an attribute (a parameter's, a constant's,
+    /// or an expand/reshape target), if any: the sizes that change with the
+    /// batch size besides the values' own shapes.
+    pub fn shape_attr_mut(&mut self) -> Option<&mut Shape> {
+        match self {
+            Op::Parameter { shape, .. }
+            | Op::Full { shape, .. }
+            | Op::Random { shape, .. }
+            | Op::Expand { shape }
+            | Op::Reshape { shape } => Some(shape),
+            _ => None,
+        }
+    }
+
     /// A short name for messages and dumps.
     pub fn name(&self) -> &'static str {
         match self {

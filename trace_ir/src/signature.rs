@@ -49,6 +49,60 @@ impl Hash for Signature {
     }
 }
 
+/// A trace's signature with its sizes abstracted: every size of 2 or more
+/// (in value shapes and shape attributes) becomes a symbol, numbered by first
+/// appearance, and equal sizes share a symbol. Sizes 0 and 1 stay literal, so
+/// the rank and the broadcast pattern are part of the class.
+///
+/// Two traces in one class differ only in the values of their symbols; a
+/// shape-polymorphic executable planned for one serves the other once its
+/// sizes are mapped (see [`ShapeClass::size_map`]). Slice bounds and arange
+/// lengths stay literal: a trace whose slices move is another class.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShapeClass {
+    pub signature: Signature,
+    /// The value of each symbol, in symbol order.
+    pub sizes: Vec<usize>,
+}
+
+impl ShapeClass {
+    pub fn of(trace: &Trace) -> ShapeClass {
+        let mut sizes = Vec::new();
+        let mut symbolize = |shape: &mut crate::Shape| {
+            for d in shape.iter_mut().filter(|d| **d >= 2) {
+                let k = sizes.iter().position(|s| s == d).unwrap_or_else(|| {
+                    sizes.push(*d);
+                    sizes.len() - 1
+                });
+                // Symbols are written as 2, 3, ...: no literal size survives
+                // in a shape field, so the encoding is unambiguous.
+                *d = k + 2;
+            }
+        };
+        let mut t = trace.clone();
+        for node in &mut t.nodes {
+            symbolize(&mut node.meta.shape);
+            if let Some(shape) = node.op.shape_attr_mut() {
+                symbolize(shape);
+            }
+        }
+        ShapeClass { signature: Signature::of(&t), sizes }
+    }
+
+    /// Maps each size of `self` to the size of the same symbol in `other`
+    /// (of the same class); sizes 0 and 1 map to themselves, and a size that
+    /// is not a symbol of `self` maps to nothing.
+    pub fn size_map<'a>(&'a self, other: &'a ShapeClass) -> impl Fn(usize) -> Option<usize> + 'a {
+        move |d| {
+            if d < 2 {
+                return Some(d);
+            }
+            let k = self.sizes.iter().position(|&s| s == d)?;
+            other.sizes.get(k).copied()
+        }
+    }
+}
+
 /// FNV-1a, 64 bit: tiny, stable and good enough to key a cache whose entries
 /// are also compared in full.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

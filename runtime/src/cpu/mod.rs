@@ -95,8 +95,9 @@ impl Backend for CpuBackend {
 enum Compiled {
     /// One op, by the reference code above.
     Single(Op),
-    Loop(fused::LoopExec),
-    MatMul(fused::MatMulExec),
+    // Shared by the executables of one program at several sizes.
+    Loop(Arc<fused::LoopExec>),
+    MatMul(Arc<fused::MatMulExec>),
 }
 
 /// A program ready to run: `Single` kernels op by op on the reference code,
@@ -153,14 +154,14 @@ impl CpuExecutable {
                     Compiled::Single(op.clone())
                 }
                 KernelKind::Loop(l) => {
-                    Compiled::Loop(fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false).map_err(|e| {
+                    Compiled::Loop(Arc::new(fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false).map_err(|e| {
                         bad(format!("{}: {e}", program.describe_kernel(k)))
-                    })?)
+                    })?))
                 }
-                KernelKind::MatMul(mm) => Compiled::MatMul(
+                KernelKind::MatMul(mm) => Compiled::MatMul(Arc::new(
                     fused::MatMulExec::new(mm, metas(&kernel.inputs), metas(&kernel.outputs))
                         .map_err(|e| bad(format!("{}: {e}", program.describe_kernel(k))))?,
-                ),
+                )),
             };
             kernels.push(compiled);
         }
@@ -333,8 +334,14 @@ impl Executable for CpuExecutable {
             }
             let outs = match compiled {
                 Compiled::Single(op) => vec![self.eval(op, args)?],
-                Compiled::Loop(l) => l.run(&args, None, &self.tracker).map_err(|e| annotate(p, k, e))?,
-                Compiled::MatMul(m) => m.run(&args, &self.tracker).map_err(|e| annotate(p, k, e))?,
+                Compiled::Loop(l) => {
+                    let planned = match &kernel.kind {
+                        KernelKind::Loop(lk) => lk.shape.as_slice(),
+                        _ => return Err(internal(format!("kernel {k} is not a loop"))),
+                    };
+                    l.run(args.into_vec(), None, planned, &self.tracker).map_err(|e| annotate(p, k, e))?
+                }
+                Compiled::MatMul(m) => m.run(args.into_vec(), &self.tracker).map_err(|e| annotate(p, k, e))?,
             };
             for (&o, out) in kernel.outputs.iter().zip(outs) {
                 if self.uses[o] > 0 {
@@ -346,6 +353,27 @@ impl Executable for CpuExecutable {
             .iter()
             .map(|&o| vals[o].clone().ok_or_else(|| internal(format!("output value {o} has no value"))))
             .collect()
+    }
+
+    /// Loop and matmul kernels read their sizes from their inputs, so only
+    /// the single ops, whose attributes may hold sizes, are taken anew.
+    fn resized(&self, program: &Program) -> Option<Arc<dyn Executable>> {
+        if program.kernels.len() != self.kernels.len() {
+            return None;
+        }
+        let kernels = program
+            .kernels
+            .iter()
+            .zip(&self.kernels)
+            .map(|(kernel, compiled)| match (&kernel.kind, compiled) {
+                (KernelKind::Single { op }, Compiled::Single(_)) => Some(Compiled::Single(op.clone())),
+                (KernelKind::Loop(_), Compiled::Loop(l)) => Some(Compiled::Loop(l.clone())),
+                (KernelKind::MatMul(_), Compiled::MatMul(m)) => Some(Compiled::MatMul(m.clone())),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let (uses, tracker) = (self.uses.clone(), self.tracker.clone());
+        Some(Arc::new(CpuExecutable { program: program.clone(), kernels, uses, tracker }))
     }
 }
 

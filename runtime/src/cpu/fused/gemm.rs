@@ -78,7 +78,9 @@ impl MatMulExec {
         Ok(MatMulExec { lhs: k.lhs.clone(), rhs: k.rhs.clone(), out: Meta::new(k.shape.clone(), dtype), epilogue })
     }
 
-    pub(crate) fn run(&self, inputs: &[Arc<Buffer>], tracker: &Arc<MemoryTracker>) -> Result<Vec<Buffer>> {
+    /// Runs on the kernel's inputs; the epilogue may write its output into
+    /// the product's memory (see `LoopExec::run`).
+    pub(crate) fn run(&self, inputs: Vec<Arc<Buffer>>, tracker: &Arc<MemoryTracker>) -> Result<Vec<Buffer>> {
         let (a, b) = (&inputs[0], &inputs[1]);
         if a.meta().dtype != b.meta().dtype {
             return Err(Error::dtype("matmul", "operands must share one floating dtype", &[a.meta().dtype, b.meta().dtype]));
@@ -120,15 +122,16 @@ impl MatMulExec {
         if direct {
             return Ok(vec![Buffer::from_reused(out_meta, HostData::F32(result), lease)]);
         }
-        // The product is scratch from here: its memory goes back to the cache.
+        // The product is scratch from here: an epilogue output takes its
+        // memory, or it goes back to the cache.
         let result = Buffer::from_reused(Meta::new(out_shape.clone(), DType::F32), HostData::F32(result), lease);
-        let acc = match result.host_data() {
-            Some(HostData::F32(v)) => v.as_slice(),
-            _ => return Err(internal("matmul scratch is not f32")),
-        };
         match &self.epilogue {
-            Some(ep) => ep.run(inputs, Some((acc, &out_shape)), tracker),
+            Some(ep) => ep.run(inputs, Some(result), &out_shape, tracker),
             None => {
+                let acc = match result.host_data() {
+                    Some(HostData::F32(v)) => v.as_slice(),
+                    _ => return Err(internal("matmul scratch is not f32")),
+                };
                 let data = match self.out.dtype {
                     DType::BF16 => HostData::BF16(acc.iter().map(|&v| bf16::from_bits(f32_to_bf16_bits(v))).collect()),
                     DType::F16 => HostData::F16(acc.iter().map(|&v| f16::from_f32(v)).collect()),

@@ -13,12 +13,29 @@ use crate::cpu::elem::{walk, Strides};
 #[derive(Clone, Copy)]
 pub(crate) enum Data<'a> {
     F32(&'a [f32]),
+    /// f32 data that the run also writes (a donated input, see
+    /// `LoopExec::run`): read through a raw pointer, never borrowed for
+    /// longer than one read, so the writes alias no live reference.
+    F32Donated(Donated),
     BF16(&'a [bf16]),
     F16(&'a [f16]),
     Bool(&'a [bool]),
     I32(&'a [i32]),
     I64(&'a [i64]),
 }
+
+/// A donated f32 buffer: `len` elements at `ptr`.
+#[derive(Clone, Copy)]
+pub(crate) struct Donated {
+    pub ptr: *mut f32,
+    pub len: usize,
+}
+
+// SAFETY: tiles read and write disjoint ranges of a donated buffer (a tile
+// reads the elements it then overwrites, before it writes them), and the
+// buffer outlives the parallel loop.
+unsafe impl Send for Donated {}
+unsafe impl Sync for Donated {}
 
 impl<'a> Data<'a> {
     pub(crate) fn of(d: &'a HostData) -> Data<'a> {
@@ -35,6 +52,7 @@ impl<'a> Data<'a> {
     pub(crate) fn len(&self) -> usize {
         match self {
             Data::F32(v) => v.len(),
+            Data::F32Donated(d) => d.len,
             Data::BF16(v) => v.len(),
             Data::F16(v) => v.len(),
             Data::Bool(v) => v.len(),
@@ -48,6 +66,11 @@ impl<'a> Data<'a> {
     pub(crate) fn get(&self, i: usize) -> f32 {
         match self {
             Data::F32(v) => v[i],
+            Data::F32Donated(d) => {
+                assert!(i < d.len);
+                // SAFETY: in bounds; see `Donated`.
+                unsafe { d.ptr.add(i).read() }
+            }
             Data::BF16(v) => bf16_to_f32(v[i]),
             Data::F16(v) => v[i].to_f32(),
             Data::Bool(v) => v[i] as u8 as f32,
@@ -62,6 +85,11 @@ impl<'a> Data<'a> {
         let n = out.len();
         match self {
             Data::F32(v) => out.copy_from_slice(&v[offset..offset + n]),
+            Data::F32Donated(d) => {
+                assert!(offset + n <= d.len);
+                // SAFETY: in bounds; `out` is scratch, never the donated buffer.
+                unsafe { std::ptr::copy_nonoverlapping(d.ptr.add(offset), out.as_mut_ptr(), n) }
+            }
             Data::BF16(v) => {
                 for (o, &b) in out.iter_mut().zip(&v[offset..offset + n]) {
                     *o = bf16_to_f32(b);
@@ -186,6 +214,19 @@ impl Dst {
                     *o = x != 0.0;
                 }
             }
+        }
+    }
+
+    /// Elements `pos..pos + n` of an f32 output, to compute into directly.
+    ///
+    /// # Safety
+    /// As [`Dst::write`]; and the output must be f32.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)] // tiles own disjoint ranges
+    pub(crate) unsafe fn f32_run(&self, pos: usize, n: usize) -> &mut [f32] {
+        match *self {
+            Dst::F32(p) => std::slice::from_raw_parts_mut(p.add(pos), n),
+            _ => unreachable!("only f32 outputs are computed into directly"),
         }
     }
 

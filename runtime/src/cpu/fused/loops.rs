@@ -15,9 +15,9 @@ use smallvec::SmallVec;
 use trace_ir::shape::numel;
 use trace_ir::{DType, Meta, ReduceOp, Result, Shape};
 
-use super::io::{alloc_output, Access, Data, Dst};
+use super::io::{alloc_output, Access, Data, Donated, Dst};
 use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, HostData};
 use crate::cpu::elem::{row_major, Strides};
 use crate::cpu::{check_alloc, host, internal};
 use crate::memory::MemoryTracker;
@@ -88,7 +88,21 @@ pub(crate) struct RunState<'a> {
     pub scalars: Vec<f32>,
     /// Per register; only loads' entries are used.
     pub loads: Vec<LoadRt<'a>>,
+    /// Per register: where its element values live during a tile.
+    pub homes: Vec<Home<'a>>,
     pub outputs: Vec<Dst>,
+}
+
+/// Where an element-level register lives. Contiguous f32 inputs are read in
+/// place and a value stored to an f32 output is computed straight into it,
+/// so the common elementwise kernel makes no copies through scratch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Home<'a> {
+    Scratch,
+    /// An f32 load over contiguous data: the tile reads `data[start..]`.
+    Input(&'a [f32]),
+    /// Computed into this (f32, full-layout) output.
+    Output(usize),
 }
 
 pub(crate) struct LoadRt<'a> {
@@ -328,8 +342,13 @@ impl LoopExec {
 
     /// The iteration shape for these inputs: every dimension a direct load
     /// spans takes the load's size; the rest keep their compiled size.
-    fn runtime_shape(&self, inputs: &[Arc<Buffer>], acc: Option<&[usize]>) -> Result<Shape> {
+    /// The iteration shape of a run: each dimension from the inputs that
+    /// span it, else from `planned` (the program's shape at this run's sizes).
+    fn runtime_shape(&self, inputs: &[Arc<Buffer>], acc: Option<&[usize]>, planned: &[usize]) -> Result<Shape> {
         let ct = &self.kernel.shape;
+        if planned.len() != ct.len() {
+            return Err(internal("the planned iteration shape changed rank"));
+        }
         let (r, k) = (ct.len(), self.kernel.row_dims);
         let mut rt: SmallVec<[Option<usize>; 6]> = SmallVec::from_elem(None, r);
         for spec in self.loads.iter().flatten() {
@@ -368,44 +387,169 @@ impl LoopExec {
                 )));
             }
         }
-        Ok((0..r).map(|d| rt[d].unwrap_or(ct[d])).collect())
+        Ok((0..r).map(|d| rt[d].unwrap_or(planned[d])).collect())
     }
 
     /// Runs on `inputs` (the kernel's inputs, in order) and, in an epilogue,
-    /// the f32 product `acc` of shape `acc_shape`.
+    /// the f32 product `acc` of shape `acc_shape`. `planned` is the
+    /// program's iteration shape at this run's sizes (it matters only for
+    /// dimensions no input spans).
     pub(crate) fn run(
         &self,
-        inputs: &[Arc<Buffer>],
-        acc: Option<(&[f32], &[usize])>,
+        mut inputs: Vec<Arc<Buffer>>,
+        acc: Option<Buffer>,
+        planned: &[usize],
         tracker: &Arc<MemoryTracker>,
     ) -> Result<Vec<Buffer>> {
-        let shape = self.runtime_shape(inputs, acc.map(|a| a.1))?;
+        let acc_shape: Option<Shape> = acc.as_ref().map(|b| b.meta().shape.clone());
+        let shape = self.runtime_shape(&inputs, acc_shape.as_deref(), planned)?;
+        let (r, k) = (shape.len(), self.kernel.row_dims);
+        let outer: Shape = shape[..r - k].into();
+        let rows = numel(&outer);
+        let cols = numel(&shape[r - k..]);
+        if self.has_extreme && rows > 0 && cols == 0 {
+            return Err(trace_ir::Error::shape("max", "cannot reduce over an empty axis", &[&shape]));
+        }
+        let metas: Vec<Meta> = (0..self.outputs.len())
+            .map(|o| {
+                let meta = &self.outputs[o];
+                let frame = self.stores.iter().find(|s| s.output == o).map_or(Frame::Elem, |s| s.frame);
+                let mut dims = meta.shape.clone();
+                for (i, p) in positions(dims.len(), frame, r, k).enumerate() {
+                    if dims[i] != 1 {
+                        dims[i] = shape[p];
+                    }
+                }
+                Meta::new(dims, meta.dtype)
+            })
+            .collect();
+        // Operands this run may overwrite with an output, and their memory.
+        let donors = self.donors(&mut inputs, acc.is_some(), &metas, &shape);
+        let mut acc = acc.and_then(Buffer::into_host_data);
+        let donated = |data: Option<&mut HostData>| match data {
+            Some(HostData::F32(v)) => Ok(Donated { ptr: v.as_mut_ptr(), len: v.len() }),
+            _ => Err(internal("a donated operand is not f32 host data")),
+        };
+        let mut raw: Vec<Option<Donated>> = vec![None; inputs.len()];
+        let mut acc_raw = None;
+        for &source in donors.iter().flatten() {
+            match source {
+                Some(i) => {
+                    let buffer = Arc::get_mut(&mut inputs[i]).ok_or_else(|| internal("a donated input is shared"))?;
+                    raw[i] = Some(donated(buffer.host_data_mut())?);
+                }
+                None => acc_raw = Some(donated(acc.as_mut().map(|a| &mut a.0))?),
+            }
+        }
+        // Outputs, allocated (and counted) before the work starts; donated
+        // ones are written into their donor.
+        let mut outputs: Vec<Option<Buffer>> = Vec::with_capacity(metas.len());
+        let mut dsts = Vec::with_capacity(metas.len());
+        for (m, donor) in metas.iter().zip(&donors) {
+            if let Some(source) = donor {
+                let d = match source {
+                    Some(i) => raw[*i],
+                    None => acc_raw,
+                };
+                dsts.push(Dst::F32(d.ok_or_else(|| internal("a donor has no memory"))?.ptr));
+                outputs.push(None);
+                continue;
+            }
+            check_alloc(m)?;
+            let (data, dst) =
+                alloc_output(m.dtype, m.numel(), tracker).ok_or_else(|| internal(format!("a loop cannot store {}", m.dtype)))?;
+            outputs.push(Some(Buffer::host(m.clone(), data, tracker)));
+            dsts.push(dst);
+        }
+        self.execute(&inputs, acc.as_ref().map(|a| &a.0), acc_shape.as_deref(), (&raw, acc_raw), &shape, dsts, &donors)?;
+        // Hand each donor's memory to its output.
+        let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
+        for (o, donor) in donors.iter().enumerate() {
+            let Some(source) = donor else { continue };
+            let (data, lease) = match source {
+                Some(i) => inputs[*i]
+                    .take()
+                    .and_then(|b| Arc::try_unwrap(b).ok())
+                    .and_then(Buffer::into_host_data)
+                    .ok_or_else(|| internal("a donated input is shared"))?,
+                None => acc.take().ok_or_else(|| internal("the accumulator was donated twice"))?,
+            };
+            outputs[o] = Some(Buffer::from_reused(metas[o].clone(), data, lease));
+        }
+        if let (Some((data, lease)), Some(s)) = (acc, acc_shape) {
+            // Not donated: back to the tracker's cache.
+            drop(Buffer::from_reused(Meta::new(s, DType::F32), data, lease));
+        }
+        outputs.into_iter().map(|b| b.ok_or_else(|| internal("an output was not written"))).collect()
+    }
+
+    /// For each output, the operand whose memory it may take (`Some(None)`
+    /// for the accumulator): an f32 operand of the output's size that this
+    /// run holds the only reference to, and that every load reads element
+    /// for element in iteration order, so each tile reads what it then
+    /// overwrites before overwriting it and no tile reads another's part.
+    fn donors(&self, inputs: &mut [Arc<Buffer>], has_acc: bool, metas: &[Meta], shape: &[usize]) -> Vec<Option<Option<usize>>> {
+        let total = numel(shape);
+        let (r, k) = (shape.len(), self.kernel.row_dims);
+        let in_order = |source: Option<usize>| {
+            self.loads.iter().enumerate().all(|(reg, spec)| match spec {
+                Some(spec) if spec.input == source => {
+                    let geometry = match source {
+                        Some(i) => view_geometry(&spec.view, &inputs[i].meta().shape).ok().map(|g| g.0),
+                        None => Some(Shape::from_slice(shape)),
+                    };
+                    self.level[reg] == Level::Elem
+                        && spec.view == View::Direct
+                        && geometry.and_then(|g| align_frame(&g, spec.frame, r, k)).is_some_and(|a| a.as_slice() == shape)
+                }
+                _ => true,
+            })
+        };
+        let eligible: Vec<bool> = (0..inputs.len())
+            .map(|i| {
+                let m = inputs[i].meta();
+                m.dtype == DType::F32 && m.numel() == total && in_order(Some(i))
+            })
+            .collect();
+        let mut acc_free = has_acc && in_order(None);
+        let mut free: Vec<bool> = (0..inputs.len()).map(|i| eligible[i] && Arc::get_mut(&mut inputs[i]).is_some()).collect();
+        metas
+            .iter()
+            .enumerate()
+            .map(|(o, m)| {
+                let full = self.stores.iter().filter(|s| s.output == o).all(|s| s.layout == StoreLayout::Full);
+                if m.dtype != DType::F32 || m.numel() != total || total == 0 || !full {
+                    return None;
+                }
+                if acc_free {
+                    acc_free = false;
+                    return Some(None);
+                }
+                let i = free.iter().position(|&f| f)?;
+                free[i] = false;
+                Some(Some(i))
+            })
+            .collect()
+    }
+
+    /// Runs the tiles, writing `dsts`.
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &self,
+        inputs: &[Arc<Buffer>],
+        acc: Option<&HostData>,
+        acc_shape: Option<&[usize]>,
+        (raw, acc_raw): (&[Option<Donated>], Option<Donated>),
+        shape: &[usize],
+        dsts: Vec<Dst>,
+        donors: &[Option<Option<usize>>],
+    ) -> Result<()> {
+        let shape: Shape = shape.into();
         let (r, k) = (shape.len(), self.kernel.row_dims);
         let outer: Shape = shape[..r - k].into();
         let rows = numel(&outer);
         let cols = numel(&shape[r - k..]);
         let total = numel(&shape);
-        if self.has_extreme && rows > 0 && cols == 0 {
-            return Err(trace_ir::Error::shape("max", "cannot reduce over an empty axis", &[&shape]));
-        }
-        // Outputs, allocated (and counted) before the work starts.
-        let mut outputs = Vec::with_capacity(self.outputs.len());
-        let mut dsts = Vec::with_capacity(self.outputs.len());
-        for (o, meta) in self.outputs.iter().enumerate() {
-            let frame = self.stores.iter().find(|s| s.output == o).map_or(Frame::Elem, |s| s.frame);
-            let mut dims = meta.shape.clone();
-            for (i, p) in positions(dims.len(), frame, r, k).enumerate() {
-                if dims[i] != 1 {
-                    dims[i] = shape[p];
-                }
-            }
-            let m = Meta::new(dims, meta.dtype);
-            check_alloc(&m)?;
-            let (data, dst) =
-                alloc_output(m.dtype, m.numel(), tracker).ok_or_else(|| internal(format!("a loop cannot store {}", m.dtype)))?;
-            outputs.push(Buffer::host(m, data, tracker));
-            dsts.push(dst);
-        }
         // Loads and scalars.
         let full = row_major(&shape);
         let outer_full = row_major(&outer);
@@ -418,13 +562,21 @@ impl LoopExec {
             };
             let (data, vshape, vstrides, offset) = match spec.input {
                 Some(i) => {
-                    let d = Data::of(host(&inputs[i])?);
+                    let d = match raw[i] {
+                        Some(d) => Data::F32Donated(d),
+                        None => Data::of(host(&inputs[i])?),
+                    };
                     let (vs, st, off) = view_geometry(&spec.view, &inputs[i].meta().shape)?;
                     (d, vs, st, off)
                 }
                 None => {
-                    let (a, s) = acc.ok_or_else(|| internal("no accumulator"))?;
-                    (Data::F32(a), Shape::from_slice(s), row_major(s), 0)
+                    let s = acc_shape.ok_or_else(|| internal("no accumulator"))?;
+                    let d = match (acc_raw, acc) {
+                        (Some(d), _) => Data::F32Donated(d),
+                        (None, Some(HostData::F32(a))) => Data::F32(a),
+                        _ => return Err(internal("no f32 accumulator")),
+                    };
+                    (d, Shape::from_slice(s), row_major(s), 0)
                 }
             };
             if data.len() < numel(&vshape).min(1) {
@@ -480,9 +632,11 @@ impl LoopExec {
             scalars[reg] = v;
         }
         if total == 0 {
-            return Ok(outputs);
+            return Ok(());
         }
-        let rs = RunState { shape, outer, cols, scalars, loads, outputs: dsts };
+        let donated: Vec<bool> = donors.iter().map(Option::is_some).collect();
+        let homes = self.homes(&loads, &dsts, total, &donated);
+        let rs = RunState { shape, outer, cols, scalars, loads, homes, outputs: dsts };
         // Tiles.
         let (ntiles, per) = if k == 0 {
             (total.div_ceil(TILE), TILE)
@@ -528,7 +682,34 @@ impl LoopExec {
                 run_tile(isa, self, &rs, &mut s, tile(i));
             }
         }
-        Ok(outputs)
+        Ok(())
+    }
+}
+
+impl LoopExec {
+    /// Where each element-level register lives in this run (see [`Home`]).
+    /// A donated output is stored at the end of each tile, after every load
+    /// of the tile has read its donor.
+    fn homes<'a>(&self, loads: &[LoadRt<'a>], dsts: &[Dst], total: usize, donated: &[bool]) -> Vec<Home<'a>> {
+        (0..self.kernel.instrs.len())
+            .map(|reg| {
+                if self.level[reg] != Level::Elem {
+                    return Home::Scratch;
+                }
+                if matches!(self.kernel.instrs[reg], Instr::Load { .. } | Instr::Acc) {
+                    return match (&loads[reg].data, &loads[reg].access) {
+                        (Data::F32(v), Access::Contig { offset }) if v.len() >= offset + total => Home::Input(&v[*offset..]),
+                        _ => Home::Scratch,
+                    };
+                }
+                self.stores
+                    .iter()
+                    .find(|st| {
+                        st.reg == reg && st.layout == StoreLayout::Full && matches!(dsts[st.output], Dst::F32(_)) && !donated[st.output]
+                    })
+                    .map_or(Home::Scratch, |st| Home::Output(st.output))
+            })
+            .collect()
     }
 }
 

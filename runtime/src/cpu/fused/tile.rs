@@ -5,11 +5,11 @@
 //! The body is compiled three times, for AVX-512, AVX2+FMA and the portable
 //! baseline, and [`Isa::detect`] picks one at run time: no RUSTFLAGS needed.
 
-use rewrite_rules::program::Instr;
+use rewrite_rules::program::{Instr, Reg};
 use trace_ir::{BinaryOp, ReduceOp};
 
 use super::io::round_bf16;
-use super::loops::{Level, LoopExec, RunState, Scratch, StoreLayout, Tile};
+use super::loops::{Home, Level, LoopExec, RunState, Scratch, StoreLayout, Tile};
 
 
 /// The instruction sets the tile loop is compiled for.
@@ -353,7 +353,7 @@ fn chunked_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
             }
             match &exec.kernel.instrs[reg] {
                 Instr::Reduce { op, x } if exec.level[*x] == Level::Elem => {
-                    let xs = &s.elem[exec.slot[*x]][..len];
+                    let xs = elem_of(exec, rs, &s.elem, c, *x);
                     let a = &mut acc[reg];
                     match op {
                         ReduceOp::Sum | ReduceOp::Mean => a.0 += sum_f64(xs),
@@ -396,92 +396,124 @@ fn chunked_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     store(exec, rs, s, Tile { start: t.start, len: cols, r0: t.r0, nr: 1 }, |l| l != Level::Elem);
 }
 
+/// The values of element-level register `r` over tile `t`, wherever they
+/// live (see [`Home`]).
+#[inline(always)]
+fn elem_of<'b>(exec: &LoopExec, rs: &'b RunState<'_>, elem: &'b [Vec<f32>], t: Tile, r: Reg) -> &'b [f32] {
+    match rs.homes[r] {
+        Home::Input(d) => &d[t.start..t.start + t.len],
+        // SAFETY: the tile's own range of the output, which only this tile
+        // writes, and which the instruction homed there has written.
+        Home::Output(o) => unsafe { rs.outputs[o].f32_run(t.start, t.len) },
+        Home::Scratch => &elem[exec.slot[r]][..t.len],
+    }
+}
+
 /// Runs instruction `reg` over tile `t`, whose rows have `cols` elements.
 #[inline(always)]
 fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg: usize, cols: usize) {
-    {
-        let level = exec.level[reg];
-        let n = match level {
-            Level::Elem => t.len,
-            Level::Row => t.nr,
-            Level::Scalar => return,
-        };
-        let slot = exec.slot[reg];
-        let mut out = std::mem::take(match level {
-            Level::Elem => &mut s.elem[slot],
-            _ => &mut s.row[slot],
-        });
-        {
-            let out = &mut out[..n];
-            let arg = |r: usize| -> A<'_> {
-                match exec.level[r] {
-                    Level::Scalar => A::S(rs.scalars[r]),
-                    Level::Row => A::R(&s.row[exec.slot[r]][..t.nr]),
-                    Level::Elem => A::E(&s.elem[exec.slot[r]][..t.len]),
-                }
-            };
-            match &exec.kernel.instrs[reg] {
-                Instr::Load { .. } | Instr::Acc => {
-                    let ld = &rs.loads[reg];
-                    match level {
-                        Level::Elem => ld.access.read(&ld.data, &rs.shape, t.start, out),
-                        _ => ld.access.read(&ld.data, &rs.outer, t.r0, out),
-                    }
-                }
-                Instr::Literal { .. } => {}
-                Instr::Unary { op, x } => {
-                    let xa = arg(*x);
-                    match xa {
-                        A::E(x) | A::R(x) => with_unary!(*op, |f| un(f, out, x)),
-                        A::S(v) => with_unary!(*op, |f| out.fill(f(v))),
-                    }
-                }
-                Instr::Binary { op, a, b } => {
-                    let (aa, ba) = (arg(*a), arg(*b));
-                    match (op, ba) {
-                        // x ** 2 is the common square; skip the library call.
-                        (BinaryOp::Pow, A::S(2.0)) => bin(|x, _| x * x, out, aa, ba, cols),
-                        _ => with_binary!(*op, |f| bin(f, out, aa, ba, cols)),
-                    }
-                }
-                Instr::Where { c, a, b } => {
-                    let (ca, aa, ba) = (arg(*c), arg(*a), arg(*b));
-                    let [tc, ta, tb] = &mut s.tmp;
-                    for (buf, v) in [(&mut *tc, ca), (&mut *ta, aa), (&mut *tb, ba)] {
-                        spread(v, &mut buf[..n], cols);
-                    }
-                    for (((o, &c), &x), &y) in out.iter_mut().zip(&tc[..n]).zip(&ta[..n]).zip(&tb[..n]) {
-                        *o = if c != 0.0 { x } else { y };
-                    }
-                }
-                Instr::Round { to, x } => match arg(*x) {
-                    A::E(x) | A::R(x) => {
-                        for (o, &v) in out.iter_mut().zip(x) {
-                            *o = round_to(*to, v);
-                        }
-                    }
-                    A::S(v) => out.fill(round_to(*to, v)),
-                },
-                Instr::Reduce { op, x } => match arg(*x) {
-                    _ if cols == 0 => out.fill(reduce_row(*op, &[])),
-                    A::E(x) => {
-                        for (o, row) in out.iter_mut().zip(x.chunks_exact(cols.max(1))) {
-                            *o = reduce_row(*op, row);
-                        }
-                    }
-                    A::R(x) => {
-                        for (o, &v) in out.iter_mut().zip(x) {
-                            *o = reduce_const(*op, v, cols);
-                        }
-                    }
-                    A::S(v) => out.fill(reduce_const(*op, v, cols)),
-                },
+    let level = exec.level[reg];
+    let n = match level {
+        Level::Elem => t.len,
+        Level::Row => t.nr,
+        Level::Scalar => return,
+    };
+    if level == Level::Elem {
+        match rs.homes[reg] {
+            // Read in place by whoever uses it.
+            Home::Input(_) => return,
+            Home::Output(o) => {
+                // SAFETY: tiles write disjoint ranges of every output.
+                let out = unsafe { rs.outputs[o].f32_run(t.start, n) };
+                return compute(exec, rs, &s.elem, &s.row, &mut s.tmp, t, reg, cols, out);
+            }
+            Home::Scratch => {}
+        }
+    }
+    let slot = exec.slot[reg];
+    let pool = if level == Level::Elem { &mut s.elem } else { &mut s.row };
+    let mut out = std::mem::take(&mut pool[slot]);
+    compute(exec, rs, &s.elem, &s.row, &mut s.tmp, t, reg, cols, &mut out[..n]);
+    let pool = if level == Level::Elem { &mut s.elem } else { &mut s.row };
+    pool[slot] = out;
+}
+
+/// Evaluates instruction `reg` over tile `t` into `out`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn compute(
+    exec: &LoopExec,
+    rs: &RunState<'_>,
+    elem: &[Vec<f32>],
+    row: &[Vec<f32>],
+    tmp: &mut [Vec<f32>; 3],
+    t: Tile,
+    reg: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    let level = exec.level[reg];
+    let arg = |r: usize| -> A<'_> {
+        match exec.level[r] {
+            Level::Scalar => A::S(rs.scalars[r]),
+            Level::Row => A::R(&row[exec.slot[r]][..t.nr]),
+            Level::Elem => A::E(elem_of(exec, rs, elem, t, r)),
+        }
+    };
+    match &exec.kernel.instrs[reg] {
+        Instr::Load { .. } | Instr::Acc => {
+            let ld = &rs.loads[reg];
+            match level {
+                Level::Elem => ld.access.read(&ld.data, &rs.shape, t.start, out),
+                _ => ld.access.read(&ld.data, &rs.outer, t.r0, out),
             }
         }
-        match level {
-            Level::Elem => s.elem[slot] = out,
-            _ => s.row[slot] = out,
+        Instr::Literal { .. } => {}
+        Instr::Unary { op, x } => match arg(*x) {
+            A::E(x) | A::R(x) => with_unary!(*op, |f| un(f, out, x)),
+            A::S(v) => with_unary!(*op, |f| out.fill(f(v))),
+        },
+        Instr::Binary { op, a, b } => {
+            let (aa, ba) = (arg(*a), arg(*b));
+            match (op, ba) {
+                // x ** 2 is the common square; skip the library call.
+                (BinaryOp::Pow, A::S(2.0)) => bin(|x, _| x * x, out, aa, ba, cols),
+                _ => with_binary!(*op, |f| bin(f, out, aa, ba, cols)),
+            }
         }
+        Instr::Where { c, a, b } => {
+            let (ca, aa, ba) = (arg(*c), arg(*a), arg(*b));
+            let [tc, ta, tb] = tmp;
+            for (buf, v) in [(&mut *tc, ca), (&mut *ta, aa), (&mut *tb, ba)] {
+                spread(v, &mut buf[..n], cols);
+            }
+            for (((o, &c), &x), &y) in out.iter_mut().zip(&tc[..n]).zip(&ta[..n]).zip(&tb[..n]) {
+                *o = if c != 0.0 { x } else { y };
+            }
+        }
+        Instr::Round { to, x } => match arg(*x) {
+            A::E(x) | A::R(x) => {
+                for (o, &v) in out.iter_mut().zip(x) {
+                    *o = round_to(*to, v);
+                }
+            }
+            A::S(v) => out.fill(round_to(*to, v)),
+        },
+        Instr::Reduce { op, x } => match arg(*x) {
+            _ if cols == 0 => out.fill(reduce_row(*op, &[])),
+            A::E(x) => {
+                for (o, row) in out.iter_mut().zip(x.chunks_exact(cols.max(1))) {
+                    *o = reduce_row(*op, row);
+                }
+            }
+            A::R(x) => {
+                for (o, &v) in out.iter_mut().zip(x) {
+                    *o = reduce_const(*op, v, cols);
+                }
+            }
+            A::S(v) => out.fill(reduce_const(*op, v, cols)),
+        },
     }
 }
 
@@ -491,11 +523,14 @@ fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg:
 fn store(exec: &LoopExec, rs: &RunState<'_>, s: &Scratch, t: Tile, which: impl Fn(Level) -> bool) {
     let cols = rs.cols;
     for st in exec.stores.iter().filter(|st| which(exec.level[st.reg])) {
+        if rs.homes[st.reg] == Home::Output(st.output) {
+            continue; // computed in place
+        }
         let dst = &rs.outputs[st.output];
         let value = match exec.level[st.reg] {
             Level::Scalar => A::S(rs.scalars[st.reg]),
             Level::Row => A::R(&s.row[exec.slot[st.reg]][..t.nr]),
-            Level::Elem => A::E(&s.elem[exec.slot[st.reg]][..t.len]),
+            Level::Elem => A::E(elem_of(exec, rs, &s.elem, t, st.reg)),
         };
         // SAFETY: tiles cover disjoint ranges of every output, in bounds
         // by construction of the tiling.
