@@ -2,13 +2,17 @@
 //!
 //! `cargo run --release -p deferfuse --example demo [-- --json]`
 //!
+//! The `TORCH_TPU_*` variables apply (the mode is set per run), so
+//! `TORCH_TPU_BACKEND=pjrt cargo run --release -p deferfuse --features pjrt
+//! --example demo` runs it through a PJRT plugin.
+//!
 //! Per mode it prints the wall time of the block (after one warm-up run that
 //! fills the caches), the peak bytes the context held, and the largest
 //! absolute difference from Strict's result.
 
 use std::time::Instant;
 
-use deferfuse::{Context, DType, GeluApproximation, Mode, Result, Tensor};
+use deferfuse::{Config, Context, DType, GeluApproximation, Mode, Result, Tensor};
 
 const BATCH: usize = 256;
 const WIDTH: usize = 512;
@@ -47,13 +51,14 @@ fn mlp_block(x: &Tensor, w: &Weights) -> Result<Tensor> {
 
 struct Report {
     mode: Mode,
+    backend: &'static str,
     time_ms: f64,
     peak_bytes: usize,
     output: Vec<f32>,
 }
 
 fn run(mode: Mode) -> Result<Report> {
-    let ctx = Context::with_mode(mode)?;
+    let ctx = Context::new(Config { mode, ..Config::from_env()? })?;
     let w = weights(&ctx)?;
     let x = ctx.randn(&[BATCH, WIDTH], DType::F32, 7)?;
     ctx.sync()?;
@@ -66,7 +71,7 @@ fn run(mode: Mode) -> Result<Report> {
         times.push(start.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
-    Ok(Report { mode, time_ms: times[RUNS / 2], peak_bytes: ctx.memory().peak_bytes, output })
+    Ok(Report { mode, backend: ctx.backend_name(), time_ms: times[RUNS / 2], peak_bytes: ctx.memory().peak_bytes, output })
 }
 
 fn main() -> Result<()> {
@@ -75,14 +80,15 @@ fn main() -> Result<()> {
     let strict = &reports[0].output;
     if !json {
         println!("MLP block [{BATCH}x{WIDTH}] -> {HIDDEN} -> {WIDTH} + residual + LayerNorm, median of {RUNS} runs");
+        println!("backend: {}", reports[0].backend);
         println!("{:<16} {:>10} {:>14} {:>22}", "mode", "time_ms", "peak_bytes", "max_abs_diff_vs_strict");
     }
     for r in &reports {
         let diff = r.output.iter().zip(strict).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         if json {
             println!(
-                "{{\"mode\":\"{}\",\"time_ms\":{:.3},\"peak_bytes\":{},\"max_abs_diff_vs_strict\":{:e}}}",
-                r.mode, r.time_ms, r.peak_bytes, diff
+                "{{\"mode\":\"{}\",\"backend\":\"{}\",\"time_ms\":{:.3},\"peak_bytes\":{},\"max_abs_diff_vs_strict\":{:e}}}",
+                r.mode, r.backend, r.time_ms, r.peak_bytes, diff
             );
         } else {
             println!("{:<16} {:>10.3} {:>14} {:>22e}", r.mode.name(), r.time_ms, r.peak_bytes, diff);

@@ -132,6 +132,10 @@ pub struct Config {
     /// The on-disk cache directory; `None` disables it.
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_bytes: u64,
+    /// The backend (`TORCH_TPU_BACKEND`, native CPU by default).
+    pub backend: crate::backend_select::BackendKind,
+    /// The PJRT plugin library (`TORCH_TPU_PJRT_PLUGIN`); `None` searches.
+    pub pjrt_plugin: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -145,6 +149,8 @@ impl Default for Config {
             rewrite: rewrite_rules::RewriteConfig::default(),
             cache_dir: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            backend: crate::backend_select::BackendKind::Cpu,
+            pjrt_plugin: None,
         }
     }
 }
@@ -210,6 +216,10 @@ impl Config {
                 valid: "a number of bytes".into(),
             })?;
         }
+        if let Some(v) = get(crate::backend_select::ENV_BACKEND) {
+            config.backend = v.parse()?;
+        }
+        config.pjrt_plugin = get(crate::backend_select::ENV_PJRT_PLUGIN).filter(|v| !v.trim().is_empty()).map(Into::into);
         Ok(config)
     }
 }

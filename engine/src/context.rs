@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use runtime::{Backend, Buffer, CpuBackend, HostData, MemoryStats, MemoryTracker};
+use runtime::{Backend, Buffer, HostData, MemoryStats, MemoryTracker};
 use rewrite_rules::planner::PlanConfig;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
@@ -38,6 +38,9 @@ pub struct EngineStats {
     /// DeferAndFuse flushes that ran a program.
     pub flushes: u64,
     pub cache: CacheStats,
+    /// Compiles, executables loaded from disk and host/device transfers, as
+    /// the backend counts them (the PJRT backend does; the native one does not).
+    pub backend: runtime::BackendStats,
 }
 
 /// What one DeferAndFuse flush ran: read it with [`Context::last_flush`].
@@ -71,10 +74,11 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context on the native CPU backend.
+    /// A context on the backend `config.backend` names (the native CPU
+    /// backend by default).
     pub fn new(config: Config) -> Result<Context> {
-        let tracker = MemoryTracker::new();
-        Context::with_backend(config, Arc::new(CpuBackend::new(tracker)))
+        let backend = crate::backend_select::create(&config, MemoryTracker::new())?;
+        Context::with_backend(config, backend)
     }
 
     /// A context configured by the `TORCH_TPU_*` environment variables.
@@ -141,6 +145,7 @@ impl Context {
             ops_recorded: self.shared.ops_recorded.load(Ordering::Relaxed),
             flushes: self.shared.flushes.load(Ordering::Relaxed),
             cache: self.shared.pipeline.stats(),
+            backend: self.shared.backend.stats(),
         }
     }
 

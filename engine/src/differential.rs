@@ -117,11 +117,26 @@ pub fn run_reference(trace: &trace_ir::Trace, inputs: &[HostData]) -> trace_ir::
 /// Runs `trace` the way DeferAndFuse does (e-graph rewrites, the kernel
 /// planner, fused kernels on the native CPU backend), without any cache.
 pub fn run_fused(trace: &trace_ir::Trace, inputs: &[HostData], config: &crate::Config) -> trace_ir::Result<Vec<HostData>> {
-    use runtime::{Backend, CpuBackend, MemoryTracker};
+    use runtime::{CpuBackend, MemoryTracker};
+    run_fused_on(trace, inputs, config, &CpuBackend::new(MemoryTracker::new()))
+}
+
+/// Runs `trace` the way DeferAndFuse does on `backend`: e-graph rewrites,
+/// then the kernel planner, or one unfused module for a backend that fuses
+/// itself (PJRT), without any cache.
+pub fn run_fused_on(
+    trace: &trace_ir::Trace,
+    inputs: &[HostData],
+    config: &crate::Config,
+    backend: &dyn runtime::Backend,
+) -> trace_ir::Result<Vec<HostData>> {
     let optimized = rewrite_rules::optimize(trace, &config.rewrite)?.trace;
-    let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
-    let program = rewrite_rules::planner::plan(&optimized, &plan_config)?;
-    let backend = CpuBackend::new(MemoryTracker::new());
+    let program = if backend.fuses_itself() {
+        rewrite_rules::program::Program::unfused(&optimized)
+    } else {
+        let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
+        rewrite_rules::planner::plan(&optimized, &plan_config)?
+    };
     let buffers = trace
         .parameters()
         .iter()
@@ -142,6 +157,11 @@ pub fn run_fused(trace: &trace_ir::Trace, inputs: &[HostData], config: &crate::C
 /// fused transcendental may legitimately flip them, which would hide real
 /// bugs behind noise. They are covered by exact tests elsewhere.
 pub fn check_generated(bytes: &[u8]) -> Result<(), String> {
+    check_generated_on(bytes, &runtime::CpuBackend::new(runtime::MemoryTracker::new()))
+}
+
+/// [`check_generated`] with the fused side run on `backend` (see [`run_fused_on`]).
+pub fn check_generated_on(bytes: &[u8], backend: &dyn runtime::Backend) -> Result<(), String> {
     let mut source = trace_ir::generate::Bytes::new(bytes);
     let generated = trace_ir::generate::random_trace(&mut source, 12);
     let trace = continuous_only(&generated.trace);
@@ -153,8 +173,11 @@ pub fn check_generated(bytes: &[u8]) -> Result<(), String> {
     // difference of rounding once, which ill-conditioned ops like sin of a
     // large argument amplify without bound.
     let config = crate::Config { fused_rounding: crate::FusedRounding::PerOp, ..crate::Config::default() };
-    let actual = run_fused(&trace, &inputs, &config).map_err(|e| format!("fused run failed: {e}\n{}", trace.to_json()))?;
+    let actual = run_fused_on(&trace, &inputs, &config, backend).map_err(|e| format!("fused run failed: {e}\n{}", trace.to_json()))?;
     compare(&actual, &expected, loosest_float(&trace)).map_err(|e| format!("{e}\ntrace: {}", trace.to_json()))?;
+    if backend.fuses_itself() {
+        return Ok(()); // its executables are compiled per size
+    }
     check_resized(&trace, &config, seed)
 }
 

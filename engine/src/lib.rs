@@ -13,8 +13,10 @@
 //!
 //! - [`Context`]: an engine instance (mode, backend, caches, memory accounting);
 //! - [`Tensor`]: a cheap handle with PyTorch-like ops ([`ops`](crate::ops));
-//! - [`Mode`], [`Config`]: the `TORCH_TPU_*` switches.
+//! - [`Mode`], [`Config`]: the `TORCH_TPU_*` switches;
+//! - [`BackendKind`]: `TORCH_TPU_BACKEND=cpu|pjrt` (PJRT with the `pjrt` feature).
 
+pub mod backend_select;
 pub mod config;
 mod context;
 pub mod differential;
@@ -28,11 +30,12 @@ mod stream;
 mod tensor;
 
 pub use pipeline::{CacheStats, TierStats};
+pub use backend_select::BackendKind;
 pub use config::{Config, DebugChecks, FusedRounding, Mode};
 pub use context::{Context, EngineStats, FlushReport};
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};
-pub use runtime::{HostData, MemoryStats};
+pub use runtime::{BackendStats, HostData, MemoryStats};
 pub use tensor::Tensor;
 pub use trace_ir::{DType, Error, Result, Shape};
 

@@ -250,6 +250,10 @@ impl Pipeline {
         };
         self.counters.rewrite_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
         let start = Instant::now();
+        if self.backend.fuses_itself() {
+            // One module per flush; the backend's compiler (XLA) fuses it.
+            return Ok(Prepared { program: Arc::new(Program::unfused(&optimized)), rewrite: report });
+        }
         let program = plan(&optimized, &self.plan).or_else(|e| {
             tracing::warn!(error = %e, "planning failed; running the trace op by op");
             Ok::<_, trace_ir::Error>(Program::unfused(&optimized))

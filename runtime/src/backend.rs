@@ -41,4 +41,40 @@ pub trait Backend: Send + Sync {
 
     /// The tracker every buffer of this backend counts against.
     fn memory(&self) -> &Arc<MemoryTracker>;
+
+    /// True when the backend compiles a whole trace into one module and
+    /// fuses inside it itself (PJRT: XLA does). DeferAndFuse then hands it
+    /// [`Program::unfused`] of the optimized trace instead of planned kernels.
+    fn fuses_itself(&self) -> bool {
+        false
+    }
+
+    /// Compiles and host/device transfers so far (zero where not counted).
+    fn stats(&self) -> BackendStats {
+        BackendStats::default()
+    }
+}
+
+/// Counters of a backend's compiler and transfers, for tests and
+/// `Context::stats`. The native CPU backend counts nothing here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Programs compiled from scratch.
+    pub compiled: u64,
+    /// Executables loaded from an [`ArtifactStore`] instead of compiled.
+    pub loaded: u64,
+    /// Stored executables that failed to load and were compiled again.
+    pub load_failures: u64,
+    /// Buffers copied from the host to the device, and back.
+    pub host_to_device: u64,
+    pub device_to_host: u64,
+}
+
+/// Where a backend keeps compiled executables across processes (tier 3 of
+/// the engine's cache). Keys are stable bytes the backend chooses; a store
+/// must return exactly what was put under a key, or nothing.
+pub trait ArtifactStore: Send + Sync {
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>>;
+    /// Failing to store only costs a compile later, so it is not an error.
+    fn put(&self, key: &[u8], bytes: &[u8]);
 }

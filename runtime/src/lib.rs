@@ -2,7 +2,8 @@
 //! their memory accounting, and the native CPU reference backend.
 //!
 //! - [`backend`]: the [`Backend`] and [`Executable`] traits;
-//! - [`buffer`]: [`HostData`], [`Buffer`] and its [`Storage`];
+//! - [`buffer`]: [`HostData`], [`Buffer`] and its [`Storage`] (host, or a
+//!   device backend's [`DeviceData`]);
 //! - [`memory`]: [`MemoryTracker`], live and peak bytes per context;
 //! - [`cpu`]: [`CpuBackend`], which runs a trace op by op (unfused) and is the
 //!   reference every other backend is compared against.
@@ -17,7 +18,7 @@ pub mod cpu;
 pub mod memory;
 #[cfg(feature = "pjrt")] pub mod pjrt;
 
-pub use backend::{Backend, Executable};
-pub use buffer::{Buffer, HostData, Storage};
+pub use backend::{ArtifactStore, Backend, BackendStats, Executable};
+pub use buffer::{Buffer, DeviceData, HostData, Storage};
 pub use cpu::CpuBackend;
 pub use memory::{MemoryStats, MemoryTracker};

@@ -2,12 +2,19 @@
 //! workloads, in one process, medians of several runs, with peak memory.
 //!
 //! `cargo run --release -p benches --bin compare [-- --quick] [--json]`
+//!
+//! `--backend pjrt` (build with `--features pjrt`) runs both modes through a
+//! PJRT plugin instead of the native backend; the JSON keys stay the same.
+//! `--peers` also runs `jax.jit` of the same six workloads on XLA's CPU
+//! backend (`benches/peers/jax_workloads.py` in the bench venv that
+//! `benches/peers/setup_jax.sh` creates) and adds `jax_ms`, `jax_compile_ms`
+//! and `fused_compile_ms` (our compile time of the fused step) per workload.
 
 use std::time::Instant;
 
 use benches::{workload, Size, NAMES};
 use clap::Parser;
-use deferfuse::{Context, Mode, Result};
+use deferfuse::{BackendKind, Config, Context, Mode, Result};
 
 #[derive(Parser)]
 #[command(about = "DeferAndFuse vs Strict on the benchmark workloads")]
@@ -27,9 +34,18 @@ struct Args {
     /// Also print, per workload, the rewrite rules that fired and the kernel count.
     #[arg(long)]
     rules: bool,
+    /// The backend both modes run on: cpu (native) or pjrt (needs `--features pjrt`).
+    #[arg(long, default_value = "cpu")]
+    backend: BackendKind,
+    /// Also run jax.jit of the same workloads on XLA's CPU backend (needs
+    /// `bash benches/peers/setup_jax.sh` once).
+    #[arg(long)]
+    peers: bool,
 }
 
 struct Measured {
+    /// Backend compile time of the first (cold) step.
+    compile_ms: f64,
     /// Rules that fired on the first (cold) flush, and its kernel count.
     rules: String,
     cold_ms: f64,
@@ -40,8 +56,8 @@ struct Measured {
     extra_bytes: usize,
 }
 
-fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> {
-    let ctx = Context::with_mode(mode)?;
+fn measure(mode: Mode, backend: BackendKind, name: &str, size: Size, runs: usize) -> Result<Measured> {
+    let ctx = Context::new(Config { mode, backend, ..Config::default() })?;
     let w = workload(&ctx, name, size)?;
     let inputs = std::cell::RefCell::new(w.inputs);
     let step = || -> Result<f64> {
@@ -57,9 +73,13 @@ fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> 
         drop(outputs);
         Ok(ms)
     };
+    let compile_before = ctx.stats().cache.compile_ns;
     let cold_ms = step()?;
+    let compile_ms = (ctx.stats().cache.compile_ns - compile_before) as f64 / 1e6;
     let rules = match ctx.last_flush() {
-        Some(f) => format!("{} kernels for {} trace nodes; rules: {:?}", f.kernels, f.trace_nodes, f.rules_fired.unwrap_or_default()),
+        Some(f) => {
+            format!("{} kernels for {} trace nodes; rules: {:?}", f.kernels, f.trace_nodes, f.rules_fired.unwrap_or_default())
+        }
         None => String::new(),
     };
     let before = ctx.memory().live_bytes;
@@ -67,7 +87,7 @@ fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> 
     let mut times = (0..runs).map(|_| step()).collect::<Result<Vec<_>>>()?;
     times.sort_by(f64::total_cmp);
     let peak_bytes = ctx.memory().peak_bytes;
-    Ok(Measured { rules, cold_ms, warm_ms: times[times.len() / 2], peak_bytes, extra_bytes: peak_bytes - before })
+    Ok(Measured { compile_ms, rules, cold_ms, warm_ms: times[times.len() / 2], peak_bytes, extra_bytes: peak_bytes - before })
 }
 
 /// Host copy bandwidth in GB/s (read + write), the ceiling for elementwise work.
@@ -86,6 +106,48 @@ fn copy_bandwidth(bytes: usize, runs: usize) -> f64 {
     2.0 * bytes as f64 / times[times.len() / 2] / 1e9
 }
 
+/// What `jax.jit` measured for one workload.
+struct Peer {
+    jax_ms: f64,
+    jax_compile_ms: f64,
+}
+
+/// Runs the jax peer script in `.venv-bench` and reads its JSON lines.
+fn run_peers(quick: bool, runs: usize, names: &[&str]) -> std::result::Result<Vec<(String, Peer)>, String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".venv-bench/bin/python");
+    if !python.is_file() {
+        return Err(format!("{} is missing: run `bash benches/peers/setup_jax.sh` first", python.display()));
+    }
+    let mut cmd = std::process::Command::new(&python);
+    cmd.arg(root.join("benches/peers/jax_workloads.py")).args(["--runs", &runs.to_string()]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    for n in names {
+        cmd.args(["--workload", n]);
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!("the jax peer failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let number = |line: &str, key: &str| -> Option<f64> {
+        let rest = &line[line.find(&format!("\"{key}\":"))? + key.len() + 3..];
+        rest.trim_start().split([',', '}']).next()?.trim().parse().ok()
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            let name = l.split("\"workload\": \"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_default();
+            match (number(l, "jax_ms"), number(l, "jax_compile_ms")) {
+                (Some(jax_ms), Some(jax_compile_ms)) => Ok((name.to_string(), Peer { jax_ms, jax_compile_ms })),
+                _ => Err(format!("unreadable line from the jax peer: {l}")),
+            }
+        })
+        .collect()
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let size = if args.quick { Size::Quick } else { Size::Full };
@@ -95,21 +157,44 @@ fn main() -> Result<()> {
     } else {
         NAMES.iter().copied().filter(|n| args.workload.iter().any(|w| w == n)).collect()
     };
+    let peers = match args.peers {
+        true => run_peers(args.quick, runs, &names).map_err(|e| deferfuse::Error::backend("jax peer", e))?,
+        false => Vec::new(),
+    };
     if !args.json {
+        println!("backend: {}", args.backend);
         println!(
             "{:<18} {:>10} {:>10} {:>13} {:>8} {:>17} {:>17} {:>12}",
-            "workload", "strict_ms", "fused_ms", "fused_cold_ms", "speedup", "strict_peak_bytes", "fused_peak_bytes", "extra_ratio"
+            "workload",
+            "strict_ms",
+            "fused_ms",
+            "fused_cold_ms",
+            "speedup",
+            "strict_peak_bytes",
+            "fused_peak_bytes",
+            "extra_ratio"
         );
     }
     let mut log_speedup = 0.0;
+    let mut log_vs_jax = Vec::new();
     for name in &names {
-        let strict = measure(Mode::Strict, name, size, runs)?;
-        let fused = measure(Mode::DeferAndFuse, name, size, runs)?;
+        let strict = measure(Mode::Strict, args.backend, name, size, runs)?;
+        let fused = measure(Mode::DeferAndFuse, args.backend, name, size, runs)?;
+        let peer = peers.iter().find(|(n, _)| n == name).map(|(_, p)| p);
+        if let Some(p) = peer {
+            log_vs_jax.push((fused.warm_ms / p.jax_ms).ln());
+        }
         let speedup = strict.warm_ms / fused.warm_ms;
         log_speedup += speedup.ln();
         if args.json {
+            let peer_keys = peer.map_or(String::new(), |p| {
+                format!(
+                    ",\"jax_ms\":{:.3},\"jax_compile_ms\":{:.3},\"fused_compile_ms\":{:.3}",
+                    p.jax_ms, p.jax_compile_ms, fused.compile_ms
+                )
+            });
             println!(
-                "{{\"workload\":\"{name}\",\"strict_ms\":{:.3},\"fused_ms\":{:.3},\"fused_cold_ms\":{:.3},\"speedup\":{:.3},\"strict_peak_bytes\":{},\"fused_peak_bytes\":{},\"strict_extra_bytes\":{},\"fused_extra_bytes\":{}}}",
+                "{{\"workload\":\"{name}\",\"strict_ms\":{:.3},\"fused_ms\":{:.3},\"fused_cold_ms\":{:.3},\"speedup\":{:.3},\"strict_peak_bytes\":{},\"fused_peak_bytes\":{},\"strict_extra_bytes\":{},\"fused_extra_bytes\":{}{peer_keys}}}",
                 strict.warm_ms, fused.warm_ms, fused.cold_ms, speedup, strict.peak_bytes, fused.peak_bytes, strict.extra_bytes, fused.extra_bytes
             );
         } else {
@@ -123,6 +208,15 @@ fn main() -> Result<()> {
                 strict.peak_bytes,
                 fused.peak_bytes,
                 fused.extra_bytes as f64 / strict.extra_bytes.max(1) as f64
+            );
+        }
+        if let (Some(p), false) = (peer, args.json) {
+            println!(
+                "  jax.jit {:.2} ms (fused / jax {:.2}); compile: jax {:.1} ms, fused {:.1} ms",
+                p.jax_ms,
+                fused.warm_ms / p.jax_ms,
+                p.jax_compile_ms,
+                fused.compile_ms
             );
         }
         if args.rules && !args.json {
@@ -142,6 +236,12 @@ fn main() -> Result<()> {
     }
     if !args.json {
         println!("geometric-mean speedup: {:.2}", (log_speedup / names.len() as f64).exp());
+        if !log_vs_jax.is_empty() {
+            println!(
+                "geometric-mean execute ratio fused / jax.jit: {:.2}",
+                (log_vs_jax.iter().sum::<f64>() / log_vs_jax.len() as f64).exp()
+            );
+        }
         println!("extra_ratio: fused / strict peak bytes above the inputs held before the step");
     }
     Ok(())

@@ -26,11 +26,7 @@ macro_rules! call {
     ($plugin:expr, $field:ident, $args:expr) => {{
         let plugin: &Plugin = $plugin;
         match plugin.api().$field {
-            None => Err(err(format!(
-                "plugin {} does not implement {}",
-                plugin.path.display(),
-                stringify!($field)
-            ))),
+            None => Err(err(format!("plugin {} does not implement {}", plugin.path.display(), stringify!($field)))),
             Some(f) => {
                 // SAFETY: `f` comes from the plugin's API table, which was
                 // checked to be large enough to hold this entry, and the
@@ -62,6 +58,8 @@ pub struct Plugin {
     pub api_version: (i32, i32),
     /// The plugin's attributes (`xla_version`, `stablehlo_current_version`, ...).
     pub attributes: Vec<(String, String)>,
+    /// A stable hash of the library file, computed on first use.
+    file_hash: OnceLock<std::result::Result<(u64, u64), String>>,
     _lib: libloading::Library,
 }
 
@@ -85,9 +83,7 @@ static PLUGINS: OnceLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> = OnceLock::new()
 impl Plugin {
     /// Loads (once per process) and initialises the plugin at `path`.
     pub fn load(path: &Path) -> Result<Arc<Plugin>> {
-        let key = path.canonicalize().map_err(|e| {
-            err(format!("cannot load PJRT plugin {}: {e}", path.display()))
-        })?;
+        let key = path.canonicalize().map_err(|e| err(format!("cannot load PJRT plugin {}: {e}", path.display())))?;
         let registry = PLUGINS.get_or_init(|| Mutex::new(HashMap::new()));
         let mut plugins = registry.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = plugins.get(&key) {
@@ -110,8 +106,7 @@ impl Plugin {
         }
         // SAFETY: loading a shared library runs its initialisers; the path
         // was chosen by the user or found where PJRT plugins are installed.
-        let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| err(format!("cannot load PJRT plugin {shown}: {e}")))?;
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| err(format!("cannot load PJRT plugin {shown}: {e}")))?;
         // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
         let get: libloading::Symbol<ffi::GetPjrtApiFn> = unsafe { lib.get(b"GetPjrtApi\0") }.map_err(|e| {
             err(format!("{shown} is not a PJRT plugin (no GetPjrtApi symbol: {e}); deferfuse speaks PJRT API {ours}"))
@@ -134,7 +129,14 @@ impl Plugin {
                 ffi::api_size_needed()
             )));
         }
-        let mut plugin = Plugin { path: path.to_path_buf(), api, api_version: (major, minor), attributes: Vec::new(), _lib: lib };
+        let mut plugin = Plugin {
+            path: path.to_path_buf(),
+            api,
+            api_version: (major, minor),
+            attributes: Vec::new(),
+            file_hash: OnceLock::new(),
+            _lib: lib,
+        };
         let mut init = args!(ffi::PJRT_Plugin_Initialize_Args, extension_start);
         call!(&plugin, PJRT_Plugin_Initialize, &mut init)
             .map_err(|e| err(format!("PJRT plugin {shown} (API {major}.{minor}) failed to initialise: {e}")))?;
@@ -146,6 +148,16 @@ impl Plugin {
         // SAFETY: checked non-null at load; the table lives as long as the
         // library, which lives as long as `self`.
         unsafe { &*self.api }
+    }
+
+    /// `(hash, length)` of the library file: two builds of a plugin with
+    /// equal version attributes still differ here. Computed once (about
+    /// 50 ms for a 250 MB plugin), and only when the on-disk cache asks.
+    pub fn file_hash(&self) -> Result<(u64, u64)> {
+        self.file_hash
+            .get_or_init(|| stable_file_hash(&self.path).map_err(|e| format!("cannot hash {}: {e}", self.path.display())))
+            .clone()
+            .map_err(err)
     }
 
     /// An attribute by name, e.g. `xla_version`.
@@ -242,6 +254,40 @@ impl Plugin {
     fn quietly(&self, e: ErrPtr) {
         self.destroy_error(e);
     }
+}
+
+/// A hash of a file's bytes that is the same on every machine and Rust
+/// version (unlike `std`'s or `ahash`'s): FxHash's multiply-rotate over
+/// little-endian 64-bit words, then the length.
+fn stable_file_hash(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::io::Read;
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 22];
+    let (mut h, mut len) = (0u64, 0u64);
+    loop {
+        // Fill the buffer fully (short reads would shift word boundaries).
+        let mut filled = 0;
+        while filled < buf.len() {
+            match file.read(&mut buf[filled..])? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        len += filled as u64;
+        for chunk in buf[..filled].chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+        }
+        if filled < buf.len() {
+            break;
+        }
+    }
+    Ok(((h.rotate_left(5) ^ len).wrapping_mul(K), len))
 }
 
 /// A string the plugin returned (pointer and length; not NUL-terminated).
@@ -461,7 +507,18 @@ impl std::fmt::Debug for DeviceBuffer {
     }
 }
 
+impl crate::buffer::DeviceData for DeviceBuffer {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl DeviceBuffer {
+    /// The client (and so the device) the buffer lives on.
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
     /// Copies the buffer back to the host.
     pub fn to_host(&self) -> Result<HostData> {
         let n = self.numel;
@@ -617,9 +674,7 @@ impl LoadedExecutable {
         let outputs: Vec<*mut ffi::PJRT_Buffer> = outs.into_iter().take(self.num_outputs).collect();
         let owned: Vec<Option<DeviceBuffer>> = outputs
             .into_iter()
-            .map(|raw| {
-                (!raw.is_null()).then(|| DeviceBuffer { client: self.client.clone(), raw, dtype: DType::F32, numel: 0 })
-            })
+            .map(|raw| (!raw.is_null()).then(|| DeviceBuffer { client: self.client.clone(), raw, dtype: DType::F32, numel: 0 }))
             .collect();
         plugin.await_event(done[0], "execute")?;
         owned

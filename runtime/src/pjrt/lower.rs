@@ -78,7 +78,9 @@ pub fn lower_with(trace: &Trace, options: LowerOptions) -> Result<Lowered> {
         let args: Vec<V> = node
             .inputs
             .iter()
-            .map(|&i| vals[i].clone().ok_or_else(|| Error::InvalidTrace(format!("node {id} reads node {i} before it has a value"))))
+            .map(|&i| {
+                vals[i].clone().ok_or_else(|| Error::InvalidTrace(format!("node {id} reads node {i} before it has a value")))
+            })
             .collect::<Result<_>>()?;
         let v = e.node(&node.op, &args, &node.meta).map_err(|err| match err {
             Error::Backend { backend, msg } => {
@@ -772,16 +774,10 @@ impl Emitter {
         let names = [self.fresh(), self.fresh(), self.fresh(), self.fresh()];
         let st = x.scalar_ty();
         let it = tensor(&[], Ty::I64);
-        let _ = writeln!(
-            self.body,
-            "{INDENT}{rv}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{",
-            x.name, idx.name, iv.name, ii.name
-        );
-        let _ = writeln!(
-            self.body,
-            "{INDENT}^bb0({}: {st}, {}: {it}, {}: {st}, {}: {it}):",
-            names[0], names[1], names[2], names[3]
-        );
+        let _ =
+            writeln!(self.body, "{INDENT}{rv}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{", x.name, idx.name, iv.name, ii.name);
+        let _ =
+            writeln!(self.body, "{INDENT}^bb0({}: {st}, {}: {it}, {}: {st}, {}: {it}):", names[0], names[1], names[2], names[3]);
         let a = V { name: names[0].clone(), shape: vec![], ty: x.ty };
         let ia = V { name: names[1].clone(), shape: vec![], ty: Ty::I64 };
         let b = V { name: names[2].clone(), shape: vec![], ty: x.ty };

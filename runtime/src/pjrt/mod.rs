@@ -7,16 +7,21 @@
 //! - [`lower`]: the StableHLO lowering;
 //! - [`PjrtBackend`]: the runtime [`Backend`].
 //!
-//! Buffers: the runtime's [`Buffer`] has host storage only, so a run uploads
-//! its inputs, executes, and downloads its outputs; device buffers live for
-//! the duration of one run. Compiled executables are cached by the text of
-//! their module (canonical, see [`lower`]).
+//! Buffers live on the device: [`Backend::upload`] copies host data there,
+//! a run's outputs stay there (as [`Storage::Device`]) and feed later runs
+//! directly, and only [`Backend::download`] (a read) copies back. Compiled
+//! executables are cached in memory by the text of their module (canonical,
+//! see [`lower`]) and, with an [`ArtifactStore`], serialized across
+//! processes under a key that names the plugin build ([`PjrtBackend::identity`]).
 //!
-//! Plugin discovery ([`find_plugin`]): `TORCH_TPU_PJRT_PLUGIN`, else the
-//! `libtpu` package's library, else the `xla-cpu-pjrt` wheel's plugin, both
-//! looked up in the active virtual environment (`$VIRTUAL_ENV`) or the
-//! project's `.venv` (found from the current directory upwards). Run
-//! `.ci/setup_python` to install the CPU plugin into `.venv`.
+//! Plugin discovery ([`plugin_candidates`]): `TORCH_TPU_PJRT_PLUGIN` alone
+//! when set; else the `libtpu` package's library, then the `xla-cpu-pjrt`
+//! wheel's plugin, each looked up in the active virtual environment
+//! (`$VIRTUAL_ENV`) and the project's `.venv` (found from the current
+//! directory upwards). [`PjrtBackend::new`] takes the first candidate that
+//! creates a client, so an installed libtpu on a machine without a TPU
+//! falls through to the CPU plugin. Run `.ci/setup_python` to install the
+//! CPU plugin into `.venv`.
 
 pub mod api;
 pub mod ffi;
@@ -24,7 +29,8 @@ pub mod lower;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rewrite_rules::program::{KernelKind, Program};
 use trace_ir::{Error, Meta, NodeId, Result, Trace};
@@ -32,8 +38,8 @@ use trace_ir::{Error, Meta, NodeId, Result, Trace};
 pub use api::{Client, DeviceBuffer, LoadedExecutable, Plugin};
 pub use lower::{lower, lower_with, LowerOptions, Lowered};
 
-use crate::backend::{Backend, Executable};
-use crate::buffer::{Buffer, HostData};
+use crate::backend::{ArtifactStore, Backend, BackendStats, Executable};
+use crate::buffer::{Buffer, HostData, Storage};
 use crate::memory::MemoryTracker;
 use api::err;
 
@@ -45,21 +51,27 @@ const XLA_CPU_PLUGIN: &str = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
 /// Where the `libtpu` package's library lives inside site-packages.
 const LIBTPU: &str = "libtpu/libtpu.so";
 
-/// Finds the plugin library to load: `TORCH_TPU_PJRT_PLUGIN`, else libtpu,
-/// else the XLA CPU plugin, in the active or project virtual environment.
+/// The plugin library [`PjrtBackend::new`] tries first (see [`plugin_candidates`]).
 pub fn find_plugin() -> Result<PathBuf> {
+    Ok(plugin_candidates()?.remove(0))
+}
+
+/// The plugin libraries to try, in order: `TORCH_TPU_PJRT_PLUGIN` alone when
+/// set (it must name a file), else every libtpu, then every XLA CPU plugin
+/// found in the active or project virtual environment. Never empty.
+pub fn plugin_candidates() -> Result<Vec<PathBuf>> {
     if let Some(p) = std::env::var_os(PLUGIN_VAR).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if !p.is_file() {
             return Err(err(format!("{PLUGIN_VAR}={} does not name a file", p.display())));
         }
-        return Ok(p);
+        return Ok(vec![p]);
     }
     let dirs = site_packages_dirs();
-    for rel in [LIBTPU, XLA_CPU_PLUGIN] {
-        if let Some(p) = dirs.iter().map(|d| d.join(rel)).find(|p| p.is_file()) {
-            return Ok(p);
-        }
+    let found: Vec<PathBuf> =
+        [LIBTPU, XLA_CPU_PLUGIN].iter().flat_map(|rel| dirs.iter().map(move |d| d.join(rel))).filter(|p| p.is_file()).collect();
+    if !found.is_empty() {
+        return Ok(found);
     }
     let looked: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     Err(err(format!(
@@ -110,13 +122,27 @@ fn site_packages_dirs() -> Vec<PathBuf> {
     out
 }
 
-/// Counters of the backend's executable cache.
+/// Counters of the backend's in-memory executable cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Modules compiled by the plugin.
     pub compiles: usize,
     /// Compiles avoided because the module was cached.
     pub hits: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    compiled: AtomicU64,
+    memory_hits: AtomicU64,
+    loaded: AtomicU64,
+    load_failures: AtomicU64,
+    host_to_device: AtomicU64,
+    device_to_host: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A backend that runs traces through a PJRT plugin.
@@ -126,7 +152,10 @@ pub struct PjrtBackend {
     options: LowerOptions,
     /// Module text -> compiled executable (the tier-2 cache of this backend).
     cache: Mutex<HashMap<String, Arc<LoadedExecutable>>>,
-    stats: Mutex<CacheStats>,
+    /// Serialized executables across processes (tier 3), when given.
+    store: Option<Arc<dyn ArtifactStore>>,
+    identity: OnceLock<Result<String>>,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for PjrtBackend {
@@ -136,9 +165,20 @@ impl std::fmt::Debug for PjrtBackend {
 }
 
 impl PjrtBackend {
-    /// A backend on the plugin [`find_plugin`] finds.
+    /// A backend on the first of [`plugin_candidates`] that loads and creates
+    /// a client; the error lists why each candidate failed.
     pub fn new(tracker: Arc<MemoryTracker>) -> Result<PjrtBackend> {
-        Self::with_plugin(&find_plugin()?, tracker)
+        let mut failures = Vec::new();
+        for path in plugin_candidates()? {
+            match Self::with_plugin(&path, tracker.clone()) {
+                Ok(b) => return Ok(b),
+                Err(e) => {
+                    tracing::warn!(plugin = %path.display(), error = %e, "PJRT plugin unusable; trying the next one");
+                    failures.push(e.to_string());
+                }
+            }
+        }
+        Err(err(format!("no usable PJRT plugin: {}", failures.join("; "))))
     }
 
     /// A backend on the plugin at `path`.
@@ -150,13 +190,21 @@ impl PjrtBackend {
             tracker,
             options: LowerOptions::default(),
             cache: Mutex::new(HashMap::new()),
-            stats: Mutex::new(CacheStats::default()),
+            store: None,
+            identity: OnceLock::new(),
+            counters: Arc::new(Counters::default()),
         })
     }
 
     /// Changes the lowering options (affects later compiles only).
     pub fn with_options(mut self, options: LowerOptions) -> Self {
         self.options = options;
+        self
+    }
+
+    /// Keeps serialized executables in `store` (the on-disk tier 3).
+    pub fn with_store(mut self, store: Arc<dyn ArtifactStore>) -> Self {
+        self.store = Some(store);
         self
     }
 
@@ -169,7 +217,8 @@ impl PjrtBackend {
     }
 
     pub fn cache_stats(&self) -> CacheStats {
-        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+        let c = &self.counters;
+        CacheStats { compiles: c.compiled.load(Ordering::Relaxed) as usize, hits: c.memory_hits.load(Ordering::Relaxed) as usize }
     }
 
     /// A one-line description: plugin path, API version, XLA version, platform.
@@ -187,37 +236,131 @@ impl PjrtBackend {
         )
     }
 
-    /// Lowers and compiles `trace`, reusing a cached executable for an equal module.
+    /// Everything a serialized executable depends on besides its module:
+    /// the PJRT API version, the platform and its version, the plugin's
+    /// version attributes, a hash of the plugin file (XLA's own executable
+    /// fingerprint is equal across plugin builds, and a newer build's
+    /// executable loaded by an older one can compute wrong numbers
+    /// silently), the host CPU (XLA's CPU code uses its features) and the
+    /// lowering options. Stable across processes and machines.
+    pub fn identity(&self) -> Result<String> {
+        self.identity.get_or_init(|| self.compute_identity()).clone()
+    }
+
+    fn compute_identity(&self) -> Result<String> {
+        let p = self.plugin();
+        let (hash, len) = p.file_hash()?;
+        let mut attrs: Vec<String> =
+            p.attributes.iter().filter(|(k, _)| k.contains("version")).map(|(k, v)| format!("{k}={v}")).collect();
+        attrs.sort();
+        Ok(format!(
+            "pjrt api {}.{}; platform {} {}; {}; plugin file {hash:016x} of {len} bytes; host {} cpu {:016x}; lowering {:?}",
+            p.api_version.0,
+            p.api_version.1,
+            self.client.platform_name,
+            self.client.platform_version,
+            attrs.join(" "),
+            std::env::consts::ARCH,
+            trace_ir::signature::fnv1a64(host_cpu_features().as_bytes()),
+            self.options
+        ))
+    }
+
+    /// Lowers and compiles `trace`: from the in-memory cache, else from the
+    /// store, else by the plugin (then saved to the store).
     pub fn compile_trace(&self, trace: &Trace) -> Result<Arc<PjrtExecutable>> {
         let lowered = lower_with(trace, self.options)?;
+        let wrap = |exe: Option<Arc<LoadedExecutable>>, lowered: Lowered| {
+            Arc::new(PjrtExecutable {
+                exe,
+                lowered,
+                tracker: self.tracker.clone(),
+                client: self.client.clone(),
+                counters: self.counters.clone(),
+            })
+        };
+        if lowered.outputs.is_empty() {
+            return Ok(wrap(None, lowered));
+        }
         let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&lowered.text).cloned();
-        let exe = match cached {
-            Some(exe) => {
-                self.stats.lock().unwrap_or_else(|p| p.into_inner()).hits += 1;
+        if let Some(exe) = cached {
+            bump(&self.counters.memory_hits);
+            return Ok(wrap(Some(exe), lowered));
+        }
+        let store_key = match &self.store {
+            Some(_) => Some(self.store_key(&lowered.text)?),
+            None => None,
+        };
+        let exe = match self.load(store_key.as_deref(), &lowered) {
+            Some(exe) => exe,
+            None => {
+                let exe = self.compile_module(&lowered)?;
+                if let (Some(store), Some(key)) = (&self.store, &store_key) {
+                    match exe.serialize() {
+                        Ok(bytes) => store.put(key, &bytes),
+                        Err(e) => tracing::warn!(error = %e, "cannot serialize a PJRT executable; it is not stored"),
+                    }
+                }
                 exe
             }
-            None if lowered.outputs.is_empty() => {
-                return Ok(Arc::new(PjrtExecutable { exe: None, lowered, tracker: self.tracker.clone(), client: self.client.clone() }))
-            }
-            None => {
-                let exe = Arc::new(self.client.compile(&lowered.text).map_err(|e| match e {
-                    Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("compiling the lowered trace: {msg}") },
-                    other => other,
-                })?);
-                if exe.num_outputs() != lowered.outputs.len() {
-                    return Err(err(format!(
-                        "the compiled module has {} outputs, the trace {}",
-                        exe.num_outputs(),
-                        lowered.outputs.len()
-                    )));
-                }
-                self.stats.lock().unwrap_or_else(|p| p.into_inner()).compiles += 1;
-                let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                cache.entry(lowered.text.clone()).or_insert(exe).clone()
-            }
         };
-        Ok(Arc::new(PjrtExecutable { exe: Some(exe), lowered, tracker: self.tracker.clone(), client: self.client.clone() }))
+        let exe = Arc::new(exe);
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(wrap(Some(cache.entry(lowered.text.clone()).or_insert(exe).clone()), lowered))
     }
+
+    fn store_key(&self, module: &str) -> Result<Vec<u8>> {
+        let mut key = format!("deferfuse {} pjrt executable\n{}\n", env!("CARGO_PKG_VERSION"), self.identity()?).into_bytes();
+        key.extend_from_slice(module.as_bytes());
+        Ok(key)
+    }
+
+    /// The stored executable of `lowered`, if the store has a loadable one.
+    fn load(&self, key: Option<&[u8]>, lowered: &Lowered) -> Option<LoadedExecutable> {
+        let bytes = self.store.as_ref()?.get(key?)?;
+        let loaded = self.client.deserialize(&bytes).and_then(|exe| match exe.num_outputs() == lowered.outputs.len() {
+            true => Ok(exe),
+            false => Err(err(format!("it has {} outputs, the module {}", exe.num_outputs(), lowered.outputs.len()))),
+        });
+        match loaded {
+            Ok(exe) => {
+                bump(&self.counters.loaded);
+                Some(exe)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a stored PJRT executable did not load; compiling again");
+                bump(&self.counters.load_failures);
+                None
+            }
+        }
+    }
+
+    fn compile_module(&self, lowered: &Lowered) -> Result<LoadedExecutable> {
+        let exe = self.client.compile(&lowered.text).map_err(|e| match e {
+            Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("compiling the lowered trace: {msg}") },
+            other => other,
+        })?;
+        if exe.num_outputs() != lowered.outputs.len() {
+            return Err(err(format!(
+                "the compiled module has {} outputs, the trace {}",
+                exe.num_outputs(),
+                lowered.outputs.len()
+            )));
+        }
+        bump(&self.counters.compiled);
+        Ok(exe)
+    }
+}
+
+/// The host CPU's feature flags as the kernel reports them (XLA's CPU
+/// plugin compiles for the host's features); the architecture elsewhere.
+fn host_cpu_features() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find(|l| l.starts_with("flags") || l.starts_with("Features"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, flags)| flags.trim().to_string())
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 /// Rebuilds the trace of a program whose kernels are all single ops (what
@@ -286,32 +429,68 @@ impl Backend for PjrtBackend {
         Ok(self.compile_trace(&program_trace(program)?)?)
     }
 
+    /// Copies `data` to the device; the buffer stays there.
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
         if data.dtype() != meta.dtype {
             return Err(Error::dtype("upload", "data dtype differs from the buffer's", &[meta.dtype, data.dtype()]));
         }
         if data.len() != meta.numel() {
-            return Err(Error::DataLength { op: "upload".into(), len: data.len(), shape: meta.shape.clone(), numel: meta.numel() });
+            return Err(Error::DataLength {
+                op: "upload".into(),
+                len: data.len(),
+                shape: meta.shape.clone(),
+                numel: meta.numel(),
+            });
         }
-        Ok(Arc::new(Buffer::host(meta, data, &self.tracker)))
+        let device = self.client.upload(&data, &meta.shape)?;
+        bump(&self.counters.host_to_device);
+        Ok(Arc::new(Buffer::device(meta, Box::new(device), &self.tracker)))
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
-        buffer.host_data().cloned().ok_or_else(|| err("buffer does not live on the host"))
+        match buffer.storage() {
+            Storage::Host(d) => Ok(d.clone()),
+            Storage::Device(d) => {
+                let device =
+                    d.as_any().downcast_ref::<DeviceBuffer>().ok_or_else(|| err("the buffer lives on another device backend"))?;
+                let data = device.to_host()?;
+                bump(&self.counters.device_to_host);
+                check_data("download", buffer.meta(), &data)?;
+                Ok(data)
+            }
+        }
     }
 
     fn memory(&self) -> &Arc<MemoryTracker> {
         &self.tracker
     }
+
+    fn fuses_itself(&self) -> bool {
+        true
+    }
+
+    fn stats(&self) -> BackendStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BackendStats {
+            compiled: get(&c.compiled),
+            loaded: get(&c.loaded),
+            load_failures: get(&c.load_failures),
+            host_to_device: get(&c.host_to_device),
+            device_to_host: get(&c.device_to_host),
+        }
+    }
 }
 
-/// A compiled trace: uploads inputs, executes, downloads outputs.
+/// A compiled trace: runs on device buffers (uploading any host inputs) and
+/// leaves its outputs on the device.
 pub struct PjrtExecutable {
     /// `None` for a trace without outputs (nothing to run).
     exe: Option<Arc<LoadedExecutable>>,
     lowered: Lowered,
     tracker: Arc<MemoryTracker>,
     client: Arc<Client>,
+    counters: Arc<Counters>,
 }
 
 impl PjrtExecutable {
@@ -322,6 +501,21 @@ impl PjrtExecutable {
 
     pub fn loaded(&self) -> Option<&Arc<LoadedExecutable>> {
         self.exe.as_ref()
+    }
+}
+
+/// An input of a run: a device buffer it already has, or one uploaded for it.
+enum Input<'a> {
+    Resident(&'a DeviceBuffer),
+    Uploaded(DeviceBuffer),
+}
+
+impl Input<'_> {
+    fn buffer(&self) -> &DeviceBuffer {
+        match self {
+            Input::Resident(b) => b,
+            Input::Uploaded(b) => b,
+        }
     }
 }
 
@@ -343,21 +537,36 @@ impl Executable for PjrtExecutable {
                     want.dtype
                 )));
             }
-            let data = buf.host_data().ok_or_else(|| err(format!("input {k} does not live on the host")))?;
-            check_data(&format!("input {k}"), want, data)?;
-            device.push(self.client.upload(data, &want.shape)?);
+            device.push(match buf.storage() {
+                Storage::Device(d) => {
+                    let b = d
+                        .as_any()
+                        .downcast_ref::<DeviceBuffer>()
+                        .ok_or_else(|| err(format!("input {k} lives on another device backend")))?;
+                    if !Arc::ptr_eq(b.client(), &self.client) {
+                        return Err(err(format!("input {k} lives on another PJRT client")));
+                    }
+                    Input::Resident(b)
+                }
+                Storage::Host(data) => {
+                    check_data(&format!("input {k}"), want, data)?;
+                    bump(&self.counters.host_to_device);
+                    Input::Uploaded(self.client.upload(data, &want.shape)?)
+                }
+            });
         }
-        drop(inputs);
-        let refs: Vec<&DeviceBuffer> = device.iter().collect();
+        let refs: Vec<&DeviceBuffer> = device.iter().map(Input::buffer).collect();
         let outs = exe.execute(&refs)?;
+        drop(refs);
         drop(device);
-        outs.into_iter()
+        drop(inputs);
+        Ok(outs
+            .into_iter()
             .zip(&self.lowered.outputs)
             .map(|(mut d, meta)| {
                 d.set_meta(meta.dtype, meta.numel());
-                let data = d.to_host()?;
-                Ok(Arc::new(Buffer::host(meta.clone(), data, &self.tracker)))
+                Arc::new(Buffer::device(meta.clone(), Box::new(d), &self.tracker))
             })
-            .collect()
+            .collect())
     }
 }

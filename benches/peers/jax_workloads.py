@@ -1,0 +1,144 @@
+"""The six benchmark workloads of `benches/src/lib.rs`, as `jax.jit` functions
+on XLA's CPU backend: the peer `compare --peers` measures deferfuse against.
+
+Same shapes, same primitives (GELU with tanh, LayerNorm with mean and
+variance, softmax with max/exp/sum/div), f32. Prints one JSON object per
+workload: `jax_ms` (median execute time of the compiled function, results
+ready) and `jax_compile_ms` (lowering plus XLA compilation, first call).
+
+Run it with the bench venv: `bash benches/peers/setup_jax.sh`, then
+`.venv-bench/bin/python benches/peers/jax_workloads.py [--quick] [--runs N] [--workload NAME ...]`.
+"""
+
+import argparse
+import json
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_platforms", "cpu")
+
+
+def gelu_tanh(x):
+    cube = x * x * x
+    inner = (x + cube * 0.044715) * 0.7978845608028654
+    return x * 0.5 * (jnp.tanh(inner) + 1.0)
+
+
+def layer_norm(x, gamma, beta):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+    return centered / jnp.sqrt(var + 1e-5) * gamma + beta
+
+
+def softmax(x):
+    shifted = x - jnp.max(x, axis=-1, keepdims=True)
+    e = jnp.exp(shifted)
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def mlp_block(x, w1, b1, w2, b2, gamma, beta):
+    h = gelu_tanh(x @ w1.T + b1)
+    y = h @ w2.T + b2 + x
+    return layer_norm(y, gamma, beta)
+
+
+def adam_step(p, m, v, g, t=3):
+    lr, beta1, beta2, eps = 1e-3, 0.9, 0.999, 1e-8
+    m = m * beta1 + g * (1.0 - beta1)
+    v = v * beta2 + g * g * (1.0 - beta2)
+    m_hat = m / (1.0 - beta1**t)
+    v_hat = v / (1.0 - beta2**t)
+    p = p - m_hat / (jnp.sqrt(v_hat) + eps) * lr
+    return p, m, v
+
+
+def transformer_block(x, wq, wk, wv, wo, w1, w2, g1, b1, g2, b2):
+    batch, seq, width = x.shape
+    heads = 4
+    head_dim = width // heads
+
+    def split(y):
+        return y.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
+
+    h = layer_norm(x, g1, b1)
+    q, k, v = split(h @ wq.T), split(h @ wk.T), split(h @ wv.T)
+    scores = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(head_dim))
+    attn = softmax(scores) @ v
+    merged = attn.transpose(0, 2, 1, 3).reshape(batch, seq, width)
+    x = x + merged @ wo.T
+    h = layer_norm(x, g2, b2)
+    return x + gelu_tanh(h @ w1.T) @ w2.T
+
+
+def inputs(name, quick):
+    pick = lambda full, small: small if quick else full
+    rng = np.random.default_rng(0)
+    randn = lambda shape, scale=1.0: (rng.standard_normal(shape) * scale).astype(np.float32)
+    if name == "gelu_tanh":
+        return gelu_tanh, [randn((pick(4 << 20, 1 << 20),))]
+    if name == "layer_norm":
+        rows = pick(8192, 2048)
+        return layer_norm, [randn((rows, 1024)), randn((1024,)), randn((1024,))]
+    if name == "softmax":
+        return softmax, [randn((pick(8192, 2048), 1024), 2.0)]
+    if name == "mlp_block":
+        rows, width, hidden = 256, pick(1024, 512), pick(4096, 2048)
+        return mlp_block, [
+            randn((rows, width)),
+            randn((hidden, width), 1 / math.sqrt(width)),
+            randn((hidden,), 0.1),
+            randn((width, hidden), 1 / math.sqrt(hidden)),
+            randn((width,), 0.1),
+            randn((width,)),
+            randn((width,), 0.1),
+        ]
+    if name == "adam_step":
+        n = pick(10_000_000, 2_000_000)
+        return adam_step, [randn((n,)), randn((n,), 0.01), randn((n,), 0.01), (rng.random(n) * 1e-4).astype(np.float32)]
+    if name == "transformer_block":
+        batch, seq, width = pick(8, 2), 128, 256
+        s = 1 / math.sqrt(width)
+        shapes = [(width, width)] * 4 + [(4 * width, width), (width, 4 * width)]
+        args = [randn((batch, seq, width))] + [randn(shape, s) for shape in shapes]
+        args += [randn((width,), 0.1) + (1.0 if i % 2 == 0 else 0.0) for i in range(4)]
+        return transformer_block, args
+    raise SystemExit(f"unknown workload {name!r}")
+
+
+NAMES = ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"]
+
+
+def measure(name, quick, runs):
+    fn, host_args = inputs(name, quick)
+    args = [jax.device_put(a) for a in host_args]
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_ms = (time.perf_counter() - start) * 1e3
+    jax.block_until_ready(compiled(*args))  # warm-up, like compare's cold step
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return {"workload": name, "jax_ms": times[len(times) // 2], "jax_compile_ms": compile_ms}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--workload", action="append", default=[])
+    args = parser.parse_args()
+    runs = args.runs or (3 if args.quick else 7)
+    for name in args.workload or NAMES:
+        print(json.dumps(measure(name, args.quick, runs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+//! Which backend a context runs on: `TORCH_TPU_BACKEND=cpu|pjrt`.
+//!
+//! - `cpu` (the default): the native CPU backend and its fused kernels;
+//! - `pjrt`: a PJRT plugin (`TORCH_TPU_PJRT_PLUGIN`, else libtpu, else XLA's
+//!   CPU plugin from the `xla-cpu-pjrt` wheel in the active or project
+//!   virtual environment), when deferfuse is built with the `pjrt` feature.
+//!   DeferAndFuse hands it one unfused module per flush (XLA fuses inside
+//!   it); compiled executables are kept on disk under
+//!   `<TORCH_TPU_CACHE_DIR>/pjrt-executables`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use runtime::{Backend, CpuBackend, MemoryTracker};
+use trace_ir::{Error, Result};
+
+use crate::config::Config;
+
+/// Selects the backend.
+pub const ENV_BACKEND: &str = "TORCH_TPU_BACKEND";
+/// Names the PJRT plugin library explicitly.
+pub const ENV_PJRT_PLUGIN: &str = "TORCH_TPU_PJRT_PLUGIN";
+
+/// The backends a context can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackendKind {
+    /// The native CPU backend.
+    #[default]
+    Cpu,
+    /// A PJRT plugin (needs the `pjrt` feature).
+    Pjrt,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 2] = [BackendKind::Cpu, BackendKind::Pjrt];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Pjrt => "pjrt",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = Error;
+    /// Case-insensitive; anything else is an error that lists the valid values.
+    fn from_str(s: &str) -> Result<BackendKind> {
+        let lower = s.trim().to_ascii_lowercase();
+        BackendKind::ALL.into_iter().find(|b| b.name() == lower).ok_or_else(|| Error::Config {
+            var: ENV_BACKEND.into(),
+            value: s.into(),
+            valid: "cpu, pjrt (case-insensitive)".into(),
+        })
+    }
+}
+
+/// The folder, under the cache directory, of serialized PJRT executables.
+pub const PJRT_EXECUTABLES_DIR: &str = "pjrt-executables";
+
+/// The backend `config` asks for.
+pub(crate) fn create(config: &Config, tracker: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
+    match config.backend {
+        BackendKind::Cpu => Ok(Arc::new(CpuBackend::new(tracker))),
+        BackendKind::Pjrt => pjrt(config.pjrt_plugin.as_ref(), config, tracker),
+    }
+}
+
+#[cfg(feature = "pjrt")]
+fn pjrt(plugin: Option<&PathBuf>, config: &Config, tracker: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
+    use runtime::pjrt::PjrtBackend;
+    let backend = match plugin {
+        Some(path) => PjrtBackend::with_plugin(path, tracker)?,
+        None => PjrtBackend::new(tracker)?,
+    };
+    let store = config.cache_dir.as_ref().and_then(|dir| {
+        let dir = dir.join(PJRT_EXECUTABLES_DIR);
+        crate::disk_cache::DiskCache::open(&dir, config.cache_bytes)
+            .map_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "on-disk executable cache disabled"))
+            .ok()
+    });
+    let backend = match store {
+        Some(store) => backend.with_store(Arc::new(store)),
+        None => backend,
+    };
+    tracing::debug!(plugin = %backend.describe(), "pjrt backend");
+    Ok(Arc::new(backend))
+}
+
+#[cfg(not(feature = "pjrt"))]
+fn pjrt(_: Option<&PathBuf>, _: &Config, _: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
+    Err(Error::Config {
+        var: ENV_BACKEND.into(),
+        value: "pjrt".into(),
+        valid: "cpu (this build of deferfuse has no PJRT backend; build it with `--features pjrt`)".into(),
+    })
+}
+
+/// The disk cache keeps the PJRT backend's serialized executables.
+impl runtime::ArtifactStore for crate::disk_cache::DiskCache {
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        crate::disk_cache::DiskCache::get(self, key)
+    }
+
+    fn put(&self, key: &[u8], bytes: &[u8]) {
+        crate::disk_cache::DiskCache::put(self, key, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_bad_ones_list_the_valid_values() {
+        assert_eq!("cpu".parse::<BackendKind>().unwrap(), BackendKind::Cpu);
+        assert_eq!(" PJRT ".parse::<BackendKind>().unwrap(), BackendKind::Pjrt);
+        let e = "tpu".parse::<BackendKind>().unwrap_err().to_string();
+        assert!(e.contains(ENV_BACKEND) && e.contains("tpu") && e.contains("cpu, pjrt"), "{e}");
+    }
+}

@@ -1,0 +1,208 @@
+//! Tier 3 on the PJRT backend: serialized executables on disk, shared by
+//! processes, rebuilt when corrupt, and never loaded by another plugin build.
+//! The second plugin is the `lammps-jax-pjrt-cpu` wheel (XLA's CPU plugin
+//! built from jax 0.11.2), which `.ci/setup_python` installs beside
+//! `xla-cpu-pjrt`.
+
+#![cfg(feature = "pjrt")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use deferfuse::differential::compare;
+use deferfuse::{BackendKind, BackendStats, Config, Context, DType, HostData, Mode, Result};
+use trace_ir::signature::fnv1a64;
+
+const CHILD_VAR: &str = "DEFERFUSE_TEST_PJRT_CHILD";
+
+/// A few flushes and Strict ops: four distinct modules at least.
+fn workload(ctx: &Context) -> Result<Vec<f32>> {
+    let x = ctx.from_vec((0..256).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect(), &[16, 16])?;
+    let h = x.matmul(&x)?.tanh()?.add(&x)?;
+    let s = h.softmax(-1)?.mul(&h)?.sum(&[-1], false)?;
+    let mut out = s.to_vec::<f32>()?;
+    out.extend(h.layer_norm(&[16], None, None, 1e-5)?.to_vec::<f32>()?);
+    Ok(out)
+}
+
+fn reference() -> Vec<f32> {
+    workload(&Context::with_mode(Mode::Strict).unwrap()).unwrap()
+}
+
+fn on_pjrt(mode: Mode, cache_dir: &Path, plugin: Option<PathBuf>) -> Context {
+    let config =
+        Config { mode, backend: BackendKind::Pjrt, cache_dir: Some(cache_dir.into()), pjrt_plugin: plugin, ..Config::default() };
+    Context::new(config).unwrap_or_else(|e| panic!("run .ci/setup_python to install the PJRT plugins: {e}"))
+}
+
+/// Runs the workload in DeferAndFuse and Strict on one cache directory and
+/// returns what the backends counted; the results must match the native backend.
+fn run_workload(cache_dir: &Path, plugin: Option<PathBuf>) -> BackendStats {
+    let want = HostData::F32(reference());
+    let mut total = BackendStats::default();
+    for mode in [Mode::DeferAndFuse, Mode::Strict] {
+        let ctx = on_pjrt(mode, cache_dir, plugin.clone());
+        let got = HostData::F32(workload(&ctx).unwrap());
+        compare(&[got], std::slice::from_ref(&want), None).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let s = ctx.stats().backend;
+        total.compiled += s.compiled;
+        total.loaded += s.loaded;
+        total.load_failures += s.load_failures;
+    }
+    total
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("deferfuse-pjrt-cache-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn executable_entries(cache_dir: &Path) -> Vec<PathBuf> {
+    let dir = cache_dir.join(deferfuse::backend_select::PJRT_EXECUTABLES_DIR);
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "entry"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The `lammps-jax-pjrt-cpu` plugin in the project's `.venv`.
+fn second_plugin() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv");
+    let found = ["lib", "lib64"]
+        .iter()
+        .flat_map(|lib| std::fs::read_dir(venv.join(lib)).into_iter().flatten().flatten())
+        .map(|py| py.path().join("site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!("the second CPU plugin (lammps-jax-pjrt-cpu) is not in {}: run .ci/setup_python", venv.display())
+    })
+}
+
+/// Run in child processes by the tests below: runs the workload on the
+/// cache directory and plugin the parent names, and prints the counters.
+#[test]
+fn child_runs_the_workload() {
+    let Ok(dir) = std::env::var(CHILD_VAR) else { return };
+    let plugin = std::env::var_os("DEFERFUSE_TEST_PJRT_PLUGIN").map(PathBuf::from);
+    let s = run_workload(Path::new(&dir), plugin);
+    println!("STATS compiled={} loaded={} load_failures={}", s.compiled, s.loaded, s.load_failures);
+}
+
+/// Runs [`child_runs_the_workload`] in a new process; returns its counters.
+fn in_child(cache_dir: &Path, plugin: Option<&Path>) -> BackendStats {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_runs_the_workload", "--nocapture", "--test-threads", "1"]).env(CHILD_VAR, cache_dir);
+    if let Some(p) = plugin {
+        cmd.env("DEFERFUSE_TEST_PJRT_PLUGIN", p);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("STATS ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no STATS line in:\n{stdout}"));
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    BackendStats {
+        compiled: field("compiled"),
+        loaded: field("loaded"),
+        load_failures: field("load_failures"),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_second_process_loads_every_executable_and_compiles_nothing() {
+    let dir = temp_dir("second-process");
+    let first = in_child(&dir, None);
+    assert!(first.compiled >= 4 && first.loaded == 0, "{first:?}");
+    assert_eq!(executable_entries(&dir).len() as u64, first.compiled);
+    let second = in_child(&dir, None);
+    assert_eq!((second.compiled, second.loaded), (0, first.compiled), "{second:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn corrupt_entries_are_rebuilt() {
+    let dir = temp_dir("corrupt");
+    let first = run_workload(&dir, None);
+    let entries = executable_entries(&dir);
+    assert_eq!(entries.len() as u64, first.compiled);
+    // Half the entries get a flipped byte (the checksum catches it); the
+    // other half a well-formed entry whose executable is garbage (the plugin
+    // refuses to load it).
+    for (k, path) in entries.iter().enumerate() {
+        let mut bytes = std::fs::read(path).unwrap();
+        if k % 2 == 0 {
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x40;
+        } else {
+            bytes = with_garbage_payload(&bytes);
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+    let second = run_workload(&dir, None);
+    assert_eq!(second.compiled, first.compiled, "every corrupt entry compiled again: {second:?}");
+    assert_eq!(second.loaded, 0, "{second:?}");
+    assert_eq!(second.load_failures, entries.len() as u64 / 2, "{second:?}");
+    let third = run_workload(&dir, None);
+    assert_eq!((third.compiled, third.loaded), (0, first.compiled), "the rebuilt entries load: {third:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A disk-cache entry with its key kept and its payload replaced by bytes
+/// that are not an executable, with a valid checksum (see `disk_cache.rs`:
+/// magic line, checksum line, key length line, key, payload).
+fn with_garbage_payload(entry: &[u8]) -> Vec<u8> {
+    let mut lines = entry.splitn(4, |&b| b == b'\n');
+    let magic = lines.next().unwrap();
+    let _checksum = lines.next().unwrap();
+    let key_len: usize = std::str::from_utf8(lines.next().unwrap()).unwrap().parse().unwrap();
+    let body = lines.next().unwrap();
+    let mut new_body = body[..key_len].to_vec();
+    new_body.extend_from_slice(b"not a serialized executable");
+    let mut out = magic.to_vec();
+    out.extend_from_slice(format!("\n{:016x}\n{key_len}\n", fnv1a64(&new_body)).as_bytes());
+    out.extend_from_slice(&new_body);
+    out
+}
+
+#[test]
+fn another_plugin_build_never_loads_our_executables() {
+    let dir = temp_dir("two-plugins");
+    let ours = in_child(&dir, None);
+    assert!(ours.compiled >= 4, "{ours:?}");
+    let theirs = in_child(&dir, Some(&second_plugin()));
+    assert_eq!((theirs.compiled, theirs.loaded, theirs.load_failures), (ours.compiled, 0, 0), "{theirs:?}");
+    // Each build reads back its own entries.
+    let again = in_child(&dir, Some(&second_plugin()));
+    assert_eq!((again.compiled, again.loaded), (0, ours.compiled), "{again:?}");
+    assert_eq!(executable_entries(&dir).len() as u64, 2 * ours.compiled);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn both_cpu_plugins_run_and_name_different_identities() {
+    use runtime::pjrt::PjrtBackend;
+    let first = PjrtBackend::new(runtime::MemoryTracker::new()).unwrap();
+    let second = PjrtBackend::with_plugin(&second_plugin(), runtime::MemoryTracker::new()).unwrap();
+    eprintln!("plugin 1: {}\nplugin 2: {}", first.describe(), second.describe());
+    let (a, b) = (first.identity().unwrap(), second.identity().unwrap());
+    assert_ne!(a, b);
+    assert!(a.contains("plugin file") && a.contains("pjrt api 0."), "{a}");
+    // The second plugin runs the engine too.
+    let ctx = on_pjrt(Mode::DeferAndFuse, &temp_dir("second-runs"), Some(second_plugin()));
+    let x = ctx.arange(0.0, 8.0, 1.0, DType::F32).unwrap();
+    assert_eq!(x.mul(2.0).unwrap().sum_all().unwrap().item::<f32>().unwrap(), 56.0);
+}
