@@ -41,6 +41,31 @@ struct Args {
     /// `bash benches/peers/setup_jax.sh` once).
     #[arg(long)]
     peers: bool,
+    /// Keep glibc's default malloc thresholds. By default they are raised so
+    /// that large temporaries are reused instead of being mapped afresh (and
+    /// page-faulted) on every op: Strict's best case, which DeferAndFuse's
+    /// own buffer cache does not need.
+    #[arg(long)]
+    system_malloc: bool,
+}
+
+/// Raises glibc's mmap and trim thresholds (the tuning PyTorch users apply
+/// with `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_`).
+fn tune_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        // SAFETY: mallopt only changes allocator settings, before any thread starts.
+        unsafe {
+            // 32 MiB is the largest threshold glibc accepts on 64-bit.
+            mallopt(M_MMAP_THRESHOLD, 32 << 20);
+            mallopt(M_TRIM_THRESHOLD, i32::MAX);
+        }
+    }
 }
 
 struct Measured {
@@ -150,6 +175,9 @@ fn run_peers(quick: bool, runs: usize, names: &[&str]) -> std::result::Result<Ve
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if !args.system_malloc {
+        tune_malloc();
+    }
     let size = if args.quick { Size::Quick } else { Size::Full };
     let runs = args.runs.unwrap_or(if args.quick { 3 } else { 7 });
     let names: Vec<&str> = if args.workload.is_empty() {

@@ -93,6 +93,14 @@ pub(crate) struct RunState<'a> {
     pub outputs: Vec<Dst>,
 }
 
+/// The operand whose memory an output takes (see `LoopExec::donors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Donor {
+    Input(usize),
+    /// The matmul product an epilogue reads.
+    Acc,
+}
+
 /// Where an element-level register lives. Contiguous f32 inputs are read in
 /// place and a value stored to an f32 output is computed straight into it,
 /// so the common elementwise kernel makes no copies through scratch.
@@ -340,8 +348,6 @@ impl LoopExec {
         })
     }
 
-    /// The iteration shape for these inputs: every dimension a direct load
-    /// spans takes the load's size; the rest keep their compiled size.
     /// The iteration shape of a run: each dimension from the inputs that
     /// span it, else from `planned` (the program's shape at this run's sizes).
     fn runtime_shape(&self, inputs: &[Arc<Buffer>], acc: Option<&[usize]>, planned: &[usize]) -> Result<Shape> {
@@ -432,13 +438,13 @@ impl LoopExec {
         };
         let mut raw: Vec<Option<Donated>> = vec![None; inputs.len()];
         let mut acc_raw = None;
-        for &source in donors.iter().flatten() {
-            match source {
-                Some(i) => {
+        for &donor in donors.iter().flatten() {
+            match donor {
+                Donor::Input(i) => {
                     let buffer = Arc::get_mut(&mut inputs[i]).ok_or_else(|| internal("a donated input is shared"))?;
                     raw[i] = Some(donated(buffer.host_data_mut())?);
                 }
-                None => acc_raw = Some(donated(acc.as_mut().map(|a| &mut a.0))?),
+                Donor::Acc => acc_raw = Some(donated(acc.as_mut().map(|a| &mut a.0))?),
             }
         }
         // Outputs, allocated (and counted) before the work starts; donated
@@ -446,10 +452,10 @@ impl LoopExec {
         let mut outputs: Vec<Option<Buffer>> = Vec::with_capacity(metas.len());
         let mut dsts = Vec::with_capacity(metas.len());
         for (m, donor) in metas.iter().zip(&donors) {
-            if let Some(source) = donor {
-                let d = match source {
-                    Some(i) => raw[*i],
-                    None => acc_raw,
+            if let Some(donor) = donor {
+                let d = match donor {
+                    Donor::Input(i) => raw[*i],
+                    Donor::Acc => acc_raw,
                 };
                 dsts.push(Dst::F32(d.ok_or_else(|| internal("a donor has no memory"))?.ptr));
                 outputs.push(None);
@@ -465,14 +471,14 @@ impl LoopExec {
         // Hand each donor's memory to its output.
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         for (o, donor) in donors.iter().enumerate() {
-            let Some(source) = donor else { continue };
-            let (data, lease) = match source {
-                Some(i) => inputs[*i]
+            let Some(donor) = donor else { continue };
+            let (data, lease) = match donor {
+                Donor::Input(i) => inputs[*i]
                     .take()
                     .and_then(|b| Arc::try_unwrap(b).ok())
                     .and_then(Buffer::into_host_data)
                     .ok_or_else(|| internal("a donated input is shared"))?,
-                None => acc.take().ok_or_else(|| internal("the accumulator was donated twice"))?,
+                Donor::Acc => acc.take().ok_or_else(|| internal("the accumulator was donated twice"))?,
             };
             outputs[o] = Some(Buffer::from_reused(metas[o].clone(), data, lease));
         }
@@ -483,12 +489,11 @@ impl LoopExec {
         outputs.into_iter().map(|b| b.ok_or_else(|| internal("an output was not written"))).collect()
     }
 
-    /// For each output, the operand whose memory it may take (`Some(None)`
-    /// for the accumulator): an f32 operand of the output's size that this
+    /// For each output, the operand whose memory it may take: an f32 operand of the output's size that this
     /// run holds the only reference to, and that every load reads element
     /// for element in iteration order, so each tile reads what it then
     /// overwrites before overwriting it and no tile reads another's part.
-    fn donors(&self, inputs: &mut [Arc<Buffer>], has_acc: bool, metas: &[Meta], shape: &[usize]) -> Vec<Option<Option<usize>>> {
+    fn donors(&self, inputs: &mut [Arc<Buffer>], has_acc: bool, metas: &[Meta], shape: &[usize]) -> Vec<Option<Donor>> {
         let total = numel(shape);
         let (r, k) = (shape.len(), self.kernel.row_dims);
         let in_order = |source: Option<usize>| {
@@ -523,11 +528,11 @@ impl LoopExec {
                 }
                 if acc_free {
                     acc_free = false;
-                    return Some(None);
+                    return Some(Donor::Acc);
                 }
                 let i = free.iter().position(|&f| f)?;
                 free[i] = false;
-                Some(Some(i))
+                Some(Donor::Input(i))
             })
             .collect()
     }
@@ -542,7 +547,7 @@ impl LoopExec {
         (raw, acc_raw): (&[Option<Donated>], Option<Donated>),
         shape: &[usize],
         dsts: Vec<Dst>,
-        donors: &[Option<Option<usize>>],
+        donors: &[Option<Donor>],
     ) -> Result<()> {
         let shape: Shape = shape.into();
         let (r, k) = (shape.len(), self.kernel.row_dims);
