@@ -99,7 +99,7 @@ def inputs(name, quick):
         ]
     if name == "adam_step":
         n = pick(10_000_000, 2_000_000)
-        return adam_step, [randn((n,)), randn((n,), 0.01), randn((n,), 0.01), (rng.random(n) * 1e-4).astype(np.float32)]
+        return adam_step, [randn((n,)), randn((n,), 0.01), (rng.random(n) * 1e-4).astype(np.float32), randn((n,), 0.01)]
     if name == "transformer_block":
         batch, seq, width = pick(8, 2), 128, 256
         s = 1 / math.sqrt(width)

@@ -7,6 +7,8 @@
 
 use deferfuse::{Context, DType, Result, Tensor};
 
+pub mod reference64;
+
 /// How large to make each workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Size {
@@ -14,6 +16,8 @@ pub enum Size {
     Full,
     /// Smaller sizes, for a quick run.
     Quick,
+    /// An eighth of the quick sizes (at least 1), for tests.
+    Tiny,
 }
 
 /// A workload: inputs built once, and a step that records the computation
@@ -31,8 +35,11 @@ pub const NAMES: [&str; 6] = ["gelu_tanh", "layer_norm", "softmax", "mlp_block",
 
 /// Builds workload `name` in `ctx`.
 pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
-    let quick = size == Size::Quick;
-    let pick = |full: usize, small: usize| if quick { small } else { full };
+    let pick = |full: usize, small: usize| match size {
+        Size::Full => full,
+        Size::Quick => small,
+        Size::Tiny => (small / 8).max(1),
+    };
     let randn = |shape: &[usize], seed: u64, scale: f64| ctx.randn(shape, DType::F32, seed)?.mul(scale);
     let (inputs, step): (Vec<Tensor>, fn(&[Tensor]) -> Result<Vec<Tensor>>) = match name {
         "gelu_tanh" => (vec![randn(&[pick(4 << 20, 1 << 20)], 1, 1.0)?], |t| Ok(vec![gelu_tanh(&t[0])?])),
@@ -58,7 +65,8 @@ pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
         }
         "adam_step" => {
             let n = pick(10_000_000, 2_000_000);
-            let inputs = vec![randn(&[n], 13, 1.0)?, randn(&[n], 14, 0.01)?, randn(&[n], 15, 0.01)?, ctx.rand(&[n], DType::F32, 16)?.mul(1e-4)?];
+            // p, m, v (a second moment: non-negative), g.
+            let inputs = vec![randn(&[n], 13, 1.0)?, randn(&[n], 14, 0.01)?, ctx.rand(&[n], DType::F32, 16)?.mul(1e-4)?, randn(&[n], 15, 0.01)?];
             (inputs, |t| adam_step(&t[0], &t[1], &t[2], &t[3], 3))
         }
         "transformer_block" => {
