@@ -16,6 +16,10 @@ pub const ENV_CACHE_DIR: &str = "TORCH_TPU_CACHE_DIR";
 /// The byte budget of the on-disk cache.
 pub const ENV_CACHE_BYTES: &str = "TORCH_TPU_CACHE_BYTES";
 
+/// A directory where every DeferAndFuse flush writes a JSON dump for
+/// `fusion-debug`; unset (the default) writes nothing and costs nothing.
+pub const ENV_FUSION_DUMP: &str = "TORCH_TPU_FUSION_DUMP";
+
 /// The default on-disk cache budget: 256 MiB.
 pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
@@ -132,6 +136,8 @@ pub struct Config {
     /// The on-disk cache directory; `None` disables it.
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_bytes: u64,
+    /// Where flushes write fusion dumps ([`crate::dump`]); `None` writes none.
+    pub fusion_dump: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -145,6 +151,7 @@ impl Default for Config {
             rewrite: rewrite_rules::RewriteConfig::default(),
             cache_dir: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            fusion_dump: None,
         }
     }
 }
@@ -210,6 +217,7 @@ impl Config {
                 valid: "a number of bytes".into(),
             })?;
         }
+        config.fusion_dump = get(ENV_FUSION_DUMP).filter(|v| !v.trim().is_empty()).map(|v| v.trim().into());
         Ok(config)
     }
 }

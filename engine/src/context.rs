@@ -4,11 +4,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use runtime::{Backend, Buffer, CpuBackend, HostData, MemoryStats, MemoryTracker};
+use runtime::{Backend, Buffer, CpuBackend, Executable, HostData, MemoryStats, MemoryTracker};
 use rewrite_rules::planner::PlanConfig;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
 use crate::disk_cache::DiskCache;
+use crate::dump::{FlushFacts, Probe};
 use crate::pipeline::{CacheStats, Pipeline, Prepared, Preparation};
 use crate::config::{Config, Mode};
 use crate::element::Element;
@@ -184,12 +185,14 @@ impl Context {
 
     /// Records `op` on `inputs` in this context's mode. Shapes and dtypes are
     /// checked here, at the call, in every mode.
+    #[track_caller]
     pub(crate) fn record(&self, op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         self.shared.record(op, inputs)
     }
 }
 
 impl Shared {
+    #[track_caller]
     fn record(self: &Arc<Self>, op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         if let Some(t) = inputs.iter().find(|t| !Arc::ptr_eq(&t.0.ctx, self)) {
             return Err(Error::attr(op.name(), format!("input {t:?} belongs to another context")));
@@ -222,6 +225,9 @@ impl Shared {
                 let epoch = pending.epoch;
                 let tensor = TensorInner::new(self.clone(), meta, Cell::Deferred { node, epoch });
                 pending.set_owner(node, Arc::downgrade(&tensor));
+                if self.config.fusion_dump.is_some() {
+                    pending.set_call_site(node, std::panic::Location::caller());
+                }
                 if pending.len() >= self.config.max_pending_ops {
                     tracing::debug!(limit = self.config.max_pending_ops, "pending trace is full");
                     self.flush(&mut pending)?;
@@ -252,9 +258,13 @@ impl Shared {
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), "flush");
         let how = if self.config.fusion { Preparation::Fused } else { Preparation::Unfused };
         let nodes = plan.trace.len();
+        let probe = self.config.fusion_dump.as_ref().map(|dir| Probe::start(dir, self.pipeline.stats(), &self.config.rewrite));
         let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
             *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, &prepared));
-            exe.run(plan.inputs)
+            match probe {
+                None => exe.run(plan.inputs),
+                Some(probe) => self.run_dumped(probe, &*exe, plan.inputs, &plan.trace, &plan.call_sites, &prepared),
+            }
         });
         match result {
             Ok(buffers) => {
@@ -270,6 +280,39 @@ impl Shared {
                 Err(e)
             }
         }
+    }
+
+    /// Runs a flush's program measuring its time and peak bytes, and writes
+    /// its fusion dump.
+    fn run_dumped(
+        &self,
+        probe: Probe,
+        exe: &dyn Executable,
+        inputs: Vec<Arc<Buffer>>,
+        recorded: &Trace,
+        call_sites: &[Option<&'static std::panic::Location<'static>>],
+        prepared: &Prepared,
+    ) -> Result<Vec<Arc<Buffer>>> {
+        let memory = self.backend.memory();
+        let outer = memory.stats();
+        memory.reset_peak();
+        let start = std::time::Instant::now();
+        let result = exe.run(inputs);
+        let run_ns = start.elapsed().as_nanos() as u64;
+        let peak = memory.stats().peak_bytes;
+        memory.restore_peak(outer.peak_bytes);
+        probe.write(FlushFacts {
+            backend: self.backend.name(),
+            fused: self.config.fusion,
+            recorded,
+            call_sites,
+            prepared,
+            cache_after: self.pipeline.stats(),
+            run_ns,
+            live_before: outer.live_bytes as u64,
+            peak: peak as u64,
+        });
+        result
     }
 
     /// Debug mode's check of one op's output.

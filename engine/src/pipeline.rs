@@ -70,12 +70,28 @@ pub struct Prepared {
     /// The rewrite report, when this preparation rewrote (a tier-1 or tier-3
     /// hit skips rewriting and has none).
     pub rewrite: Option<RewriteReport>,
+    /// How the program was made, kept with it for fusion dumps (tier-1 hits
+    /// included); absent for unfused programs and programs read from disk.
+    pub extracted: Option<Arc<Extracted>>,
+}
+
+/// The trace the planner saw and where its nodes came from.
+#[derive(Debug)]
+pub struct Extracted {
+    /// The optimized trace: the program's value ids are its node ids.
+    pub trace: Trace,
+    /// For each node, the recorded nodes it stands for (see
+    /// [`rewrite_rules::Optimized::origins`]).
+    pub origins: Vec<Vec<trace_ir::NodeId>>,
+    /// The report of the rewrite that produced it, if rewriting succeeded.
+    pub rewrite: Option<RewriteReport>,
 }
 
 #[derive(Clone)]
 struct Entry {
     program: Arc<Program>,
     executable: Arc<dyn Executable>,
+    extracted: Option<Arc<Extracted>>,
 }
 
 pub(crate) struct Pipeline {
@@ -129,12 +145,12 @@ impl Pipeline {
         let key = (how, Signature::of(trace));
         if let Some(entry) = self.programs.lock().unwrap().get(&key) {
             count(&self.counters.tier1, true);
-            return Ok((entry.executable.clone(), Prepared { program: entry.program.clone(), rewrite: None }));
+            return Ok((entry.executable.clone(), Prepared { program: entry.program.clone(), rewrite: None, extracted: entry.extracted.clone() }));
         }
         count(&self.counters.tier1, false);
         let prepared = self.program(trace, how, &key.1)?;
         let executable = self.compile(&prepared.program)?;
-        let entry = Entry { program: prepared.program.clone(), executable: executable.clone() };
+        let entry = Entry { program: prepared.program.clone(), executable: executable.clone(), extracted: prepared.extracted.clone() };
         self.programs.lock().unwrap().insert(key, entry);
         Ok((executable, prepared))
     }
@@ -164,7 +180,7 @@ impl Pipeline {
             Program::from_json(text).map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache")).ok()
         });
         if let Some(program) = from_disk {
-            return Ok(Prepared { program: Arc::new(program), rewrite: None });
+            return Ok(Prepared { program: Arc::new(program), rewrite: None, extracted: None });
         }
         let prepared = self.prepare(trace, how)?;
         if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
@@ -175,15 +191,15 @@ impl Pipeline {
 
     fn prepare(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
         if how == Preparation::Unfused {
-            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None });
+            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None, extracted: None });
         }
         let start = Instant::now();
-        let (optimized, report) = match optimize(trace, &self.rewrite) {
-            Ok(o) => (o.trace, Some(o.report)),
+        let (optimized, report, origins) = match optimize(trace, &self.rewrite) {
+            Ok(o) => (o.trace, Some(o.report), o.origins),
             Err(e) => {
                 // Rewrites are an optimization: a failure costs speed, not results.
                 tracing::warn!(error = %e, "rewriting failed; planning the trace as recorded");
-                (trace.clone(), None)
+                (trace.clone(), None, (0..trace.len()).map(|n| vec![n]).collect())
             }
         };
         self.counters.rewrite_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
@@ -196,7 +212,8 @@ impl Pipeline {
         if let Some(r) = &report {
             tracing::debug!(rules = ?r.rules_fired, stop = %r.stop_reason, kernels = program.kernels.len(), "prepared");
         }
-        Ok(Prepared { program: Arc::new(program), rewrite: report })
+        let extracted = Extracted { trace: optimized, origins, rewrite: report.clone() };
+        Ok(Prepared { program: Arc::new(program), rewrite: report, extracted: Some(Arc::new(extracted)) })
     }
 
     /// Everything the on-disk program depends on, in a canonical form.
