@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use benches::{workload, Size, NAMES};
 use clap::Parser;
-use deferfuse::{Context, Mode, Result};
+use deferfuse::{Config, Context, Mode, Result};
 
 #[derive(Parser)]
 #[command(about = "DeferAndFuse vs Strict on the benchmark workloads")]
@@ -41,7 +41,10 @@ struct Measured {
 }
 
 fn measure(mode: Mode, name: &str, size: Size, runs: usize) -> Result<Measured> {
-    let ctx = Context::with_mode(mode)?;
+    // TORCH_TPU_FUSION_DUMP works here too, to look at a workload's flushes
+    // with fusion-debug (dumps cost time: do not compare timings taken with it).
+    let fusion_dump = std::env::var_os(deferfuse::config::ENV_FUSION_DUMP).map(Into::into);
+    let ctx = Context::new(Config { fusion_dump, ..Config::with_mode(mode) })?;
     let w = workload(&ctx, name, size)?;
     let step = || -> Result<f64> {
         let start = Instant::now();

@@ -7,22 +7,12 @@ use deferfuse::dump::{first_difference, FlushDump};
 
 pub fn diff((path_a, a): (&Path, &FlushDump), (path_b, b): (&Path, &FlushDump)) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "A {} signature {} ({} ops, {} kernels)",
-        path_a.display(),
-        a.signature,
-        a.recorded.len(),
-        a.program.kernels.len()
-    );
-    let _ = writeln!(
-        s,
-        "B {} signature {} ({} ops, {} kernels)",
-        path_b.display(),
-        b.signature,
-        b.recorded.len(),
-        b.program.kernels.len()
-    );
+    for (name, path, d) in [("A", path_a, a), ("B", path_b, b)] {
+        let inputs = d.recorded.num_parameters();
+        let ops = d.recorded.len() - inputs;
+        let kernels = d.program.kernels.len();
+        let _ = writeln!(s, "{name} {} signature {} ({ops} ops on {inputs} inputs, {kernels} kernels)", path.display(), d.signature);
+    }
     let _ =
         writeln!(s, "B's cache outcome: tier 1 {}, tier 2 {}, tier 3 {}", b.cache.tier1, b.cache.tier2, b.cache.tier3);
     match first_difference(&a.recorded, &b.recorded) {
