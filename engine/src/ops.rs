@@ -437,7 +437,11 @@ impl Tensor {
         };
         let axis = normalize_axis("cat", axis, first.rank())?;
         let dtype = result_type(&tensors.iter().map(|t| Operand::Tensor(t.dtype())).collect::<Vec<_>>());
-        let cast = tensors.iter().map(|t| t.to_dtype(dtype)).collect::<Result<Vec<_>>>()?;
+        // A loop, not a closure: a closure would end the `#[track_caller]` chain here.
+        let mut cast = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            cast.push(t.to_dtype(dtype)?);
+        }
         let refs: Vec<&Tensor> = cast.iter().collect();
         first.ctx().record(Op::Concat { axis }, &refs)
     }

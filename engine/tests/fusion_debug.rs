@@ -272,3 +272,78 @@ fn missing_paths_and_bad_requests_have_their_exit_codes() {
     let help = stdout(&cli(&["--help"]));
     assert!(help.contains("Exit codes:") && help.contains("3  the request does not fit the dump"), "{help}");
 }
+
+#[test]
+fn a_program_from_the_disk_cache_is_drawn_by_kernel_and_explain_says_why_there_is_no_graph() {
+    let dir = TempDir::new("tier3");
+    let cache = TempDir::new("tier3-cache");
+    let run = |tag: &str| {
+        let dumps = dir.path().join(tag);
+        let config = Config {
+            fusion_dump: Some(dumps.clone()),
+            cache_dir: Some(cache.path().into()),
+            ..Config::with_mode(Mode::DeferAndFuse)
+        };
+        let ctx = deferfuse::Context::new(config).unwrap();
+        softmax(&input(&ctx, &[8, 64], 1, 1.0)).unwrap().to_vec::<f32>().unwrap();
+        FlushDump::list(&dumps).unwrap().remove(0)
+    };
+    let (_, second) = (run("first"), run("second"));
+    let dump = FlushDump::load(&second).unwrap();
+    assert_eq!((dump.cache.tier1, dump.cache.tier3), (TierOutcome::Miss, TierOutcome::Hit));
+    assert!(dump.graph.is_none() && dump.rewrite.is_none());
+
+    let svg = cli(&["show", path_str(&second), "--format", "svg"]);
+    assert!(svg.status.success(), "{}", stderr(&svg));
+    assert_eq!(stdout(&svg).matches(r#"<g class="cluster""#).count(), dump.program.kernels.len());
+    let html = stdout(&cli(&["show", path_str(&second)]));
+    assert!(html.contains("the graph is not in this dump"), "the page says why it is approximate");
+    let out = cli(&["explain", path_str(&second), "--op", "1"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("on-disk cache"), "{}", stderr(&out));
+}
+
+#[test]
+fn call_sites_point_at_the_users_line_through_composites_and_operators() {
+    let dir = TempDir::new("sites");
+    let ctx = dumping_context(dir.path());
+    let x = input(&ctx, &[4, 16], 1, 1.0);
+    let w = input(&ctx, &[8, 16], 2, 0.25);
+    let b = input(&ctx, &[8], 3, 0.1);
+    let i = ctx.from_vec(vec![1i32; 4 * 8], &[4, 8]).unwrap();
+    let y = x.linear(&w, Some(&b)).unwrap().gelu(deferfuse::GeluApproximation::Tanh).unwrap();
+    let line = line!() + 1;
+    let z = deferfuse::Tensor::cat(&[&y, &i], -1).unwrap();
+    let z = (-(&z + 1.0).unwrap()).unwrap().layer_norm(&[16], None, None, 1e-5).unwrap().softmax(-1).unwrap();
+    z.to_vec::<f32>().unwrap();
+    let dump = FlushDump::load(&FlushDump::list(dir.path()).unwrap()[0]).unwrap();
+    let this_file = file!();
+    for (id, node) in dump.recorded.nodes.iter().enumerate() {
+        if matches!(node.op, trace_ir::Op::Parameter { .. }) {
+            continue;
+        }
+        let site =
+            dump.call_sites[id].as_ref().unwrap_or_else(|| panic!("node {id} ({}) has no call site", node.op.name()));
+        assert_eq!(site.file, this_file, "node {id} ({}) recorded at {site}", node.op.name());
+    }
+    // The i32 operand of `cat` is cast to f32 on the `cat` line.
+    let cast = dump.recorded.nodes.iter().position(|n| matches!(n.op, trace_ir::Op::Cast { .. })).expect("a cast");
+    assert_eq!(dump.call_sites[cast].as_ref().unwrap().line, line);
+}
+
+#[test]
+fn a_lifted_softmax_points_back_at_the_recorded_ops_and_their_line() {
+    let dir = TempDir::new("origins");
+    let path = run_workload(dir.path(), "softmax", 4);
+    let dump = FlushDump::load(&path).unwrap();
+    let graph = dump.graph.as_ref().unwrap();
+    let lifted = graph.nodes.iter().position(|n| matches!(n.op, trace_ir::Op::Softmax { .. })).expect("softmax lifted");
+    // The fused softmax stands for the recorded division, the last op of the decomposition.
+    let origins = &dump.origins[lifted];
+    assert!(!origins.is_empty());
+    assert!(origins.iter().any(|&o| dump.recorded.nodes[o].op.name() == "div"), "{origins:?}");
+    let site = dump.call_site_of(lifted).expect("a call site");
+    assert!(site.file.ends_with("fusion_debug_common/mod.rs"), "{site}");
+    let text = stdout(&cli(&["explain", path_str(&path), "--op", &lifted.to_string()]));
+    assert!(text.contains(&format!("stands for recorded node(s) {origins:?}")), "{text}");
+}

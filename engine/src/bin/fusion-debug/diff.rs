@@ -11,7 +11,12 @@ pub fn diff((path_a, a): (&Path, &FlushDump), (path_b, b): (&Path, &FlushDump)) 
         let inputs = d.recorded.num_parameters();
         let ops = d.recorded.len() - inputs;
         let kernels = d.program.kernels.len();
-        let _ = writeln!(s, "{name} {} signature {} ({ops} ops on {inputs} inputs, {kernels} kernels)", path.display(), d.signature);
+        let _ = writeln!(
+            s,
+            "{name} {} signature {} ({ops} ops on {inputs} inputs, {kernels} kernels)",
+            path.display(),
+            d.signature
+        );
     }
     let _ =
         writeln!(s, "B's cache outcome: tier 1 {}, tier 2 {}, tier 3 {}", b.cache.tier1, b.cache.tier2, b.cache.tier3);
