@@ -347,3 +347,31 @@ fn a_lifted_softmax_points_back_at_the_recorded_ops_and_their_line() {
     let text = stdout(&cli(&["explain", path_str(&path), "--op", &lifted.to_string()]));
     assert!(text.contains(&format!("stands for recorded node(s) {origins:?}")), "{text}");
 }
+
+#[test]
+fn the_first_difference_names_a_dtype_an_op_a_constant_or_a_longer_trace() {
+    use trace_ir::{BinaryOp, DType, Meta, Op, Trace, UnaryOp};
+    let build = |dtype: DType, value: f64, unary: UnaryOp, extra: bool| {
+        let mut t = Trace::new();
+        let x = t.push_parameter(Meta::new([4, 8].into_iter().collect(), dtype));
+        let c = t.push(Op::Full { value, shape: Default::default(), dtype }, &[]).unwrap();
+        let y = t.push(Op::Binary { kind: BinaryOp::Mul }, &[x, c]).unwrap();
+        let mut z = t.push(Op::Unary { kind: unary }, &[y]).unwrap();
+        if extra {
+            z = t.push(Op::Unary { kind: UnaryOp::Neg }, &[z]).unwrap();
+        }
+        t.outputs = vec![z];
+        t
+    };
+    let base = build(DType::F32, 2.0, UnaryOp::Exp, false);
+    assert_eq!(first_difference(&base, &build(DType::F32, 2.0, UnaryOp::Exp, false)), None);
+    let dtype = first_difference(&base, &build(DType::BF16, 2.0, UnaryOp::Exp, false)).unwrap();
+    assert_eq!((dtype.node, dtype.what.as_str()), (Some(0), "node 0 (param 0): dtype f32 vs bf16"));
+    let constant = first_difference(&base, &build(DType::F32, 3.0, UnaryOp::Exp, false)).unwrap();
+    assert_eq!(constant.node, Some(1));
+    assert!(constant.what.starts_with("node 1 (full 2): attributes (constants)"), "{constant}");
+    let op = first_difference(&base, &build(DType::F32, 2.0, UnaryOp::Tanh, false)).unwrap();
+    assert_eq!(op.what, "node 3 (exp): op exp vs tanh");
+    let longer = first_difference(&base, &build(DType::F32, 2.0, UnaryOp::Exp, true)).unwrap();
+    assert_eq!(longer.what, "node count 4 vs 5: the second trace goes on with node 4 (neg)");
+}
