@@ -9,7 +9,7 @@ use rewrite_rules::planner::PlanConfig;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
 use crate::disk_cache::DiskCache;
-use crate::dump::{FlushFacts, Probe};
+use crate::dump::{Dumps, FlushFacts, Probe};
 use crate::pipeline::{CacheStats, Pipeline, Prepared, Preparation};
 use crate::config::{Config, Mode};
 use crate::element::Element;
@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pending: Mutex<PendingTrace>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
+    /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
+    dumps: Option<Dumps>,
 }
 
 /// Counters of one context, read through [`Context::stats`].
@@ -100,6 +102,10 @@ impl Context {
             Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone())?),
             _ => None,
         };
+        let dumps = config.fusion_dump.as_ref().map(|dir| Dumps::new(dir, &config.rewrite));
+        if dumps.is_some() {
+            pipeline.keep_extracted();
+        }
         tracing::debug!(mode = %config.mode, backend = backend.name(), "new context");
         Ok(Context {
             shared: Arc::new(Shared {
@@ -111,6 +117,7 @@ impl Context {
                 pending: Mutex::new(PendingTrace::new(0)),
                 ops_recorded: AtomicU64::new(0),
                 flushes: AtomicU64::new(0),
+                dumps,
             }),
         })
     }
@@ -225,7 +232,7 @@ impl Shared {
                 let epoch = pending.epoch;
                 let tensor = TensorInner::new(self.clone(), meta, Cell::Deferred { node, epoch });
                 pending.set_owner(node, Arc::downgrade(&tensor));
-                if self.config.fusion_dump.is_some() {
+                if self.dumps.is_some() {
                     pending.set_call_site(node, std::panic::Location::caller());
                 }
                 if pending.len() >= self.config.max_pending_ops {
@@ -258,7 +265,7 @@ impl Shared {
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), "flush");
         let how = if self.config.fusion { Preparation::Fused } else { Preparation::Unfused };
         let nodes = plan.trace.len();
-        let probe = self.config.fusion_dump.as_ref().map(|dir| Probe::start(dir, self.pipeline.stats(), &self.config.rewrite));
+        let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats()));
         let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
             *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, &prepared));
             match probe {
@@ -301,12 +308,15 @@ impl Shared {
         let run_ns = start.elapsed().as_nanos() as u64;
         let peak = memory.stats().peak_bytes;
         memory.restore_peak(outer.peak_bytes);
-        probe.write(FlushFacts {
+        let Some(dumps) = &self.dumps else { return result };
+        dumps.write(probe, FlushFacts {
             backend: self.backend.name(),
             fused: self.config.fusion,
             recorded,
             call_sites,
-            prepared,
+            program: &prepared.program,
+            rewrote: prepared.rewrite.is_some(),
+            prepared_graph: self.pipeline.take_extracted(),
             cache_after: self.pipeline.stats(),
             run_ns,
             live_before: outer.live_bytes as u64,

@@ -37,13 +37,16 @@ use std::collections::BTreeMap;
 use std::panic::Location;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ahash::AHashMap;
 
 use rewrite_rules::program::{KernelKind, Program};
 use rewrite_rules::{RewriteConfig, RewriteReport};
 use serde::{Deserialize, Serialize};
 use trace_ir::{NodeId, Op, Signature, Trace};
 
-use crate::pipeline::{CacheStats, Prepared};
+use crate::pipeline::{CacheStats, Extracted};
 
 /// The format name every dump starts with.
 pub const DUMP_FORMAT: &str = "deferfuse-fusion-dump";
@@ -588,61 +591,94 @@ fn shape_difference(a: &[usize], b: &[usize]) -> String {
 /// Numbers the dumps a process writes.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
-/// What a flush measures around the pipeline, for its dump. Built only when
-/// dumps are on, so a flush without them pays nothing.
-pub(crate) struct Probe {
+/// The most graphs a context keeps for dumps of cache hits; past it, they
+/// are dropped and kept again as flushes prepare them.
+const MAX_GRAPHS: usize = 1024;
+
+/// What a context keeps while fusion dumps are on: the directory, and the
+/// graph of every program it prepared, by signature, so the dump of a later
+/// tier-1 hit shows the graph too. Contexts without dumps have none of this.
+pub(crate) struct Dumps {
     dir: PathBuf,
-    cache_before: CacheStats,
     rewrite_limits: RewriteConfig,
+    graphs: Mutex<AHashMap<Signature, Arc<Extracted>>>,
 }
 
-/// What a flush hands to [`Probe::write`].
+/// What a flush measured before it asked the pipeline for its program.
+pub(crate) struct Probe {
+    cache_before: CacheStats,
+}
+
+/// What a flush hands to [`Dumps::write`].
 pub(crate) struct FlushFacts<'a> {
     pub backend: &'static str,
     pub fused: bool,
     pub recorded: &'a Trace,
     pub call_sites: &'a [Option<&'static Location<'static>>],
-    pub prepared: &'a Prepared,
+    pub program: &'a Program,
+    /// Whether this flush ran the rewrite (a tier-1 or tier-3 hit did not).
+    pub rewrote: bool,
+    /// The graph this flush prepared, if it prepared one.
+    pub prepared_graph: Option<Arc<Extracted>>,
     pub cache_after: CacheStats,
     pub run_ns: u64,
     pub live_before: u64,
     pub peak: u64,
 }
 
-impl Probe {
-    pub fn start(dir: &Path, cache_before: CacheStats, rewrite_limits: &RewriteConfig) -> Probe {
-        Probe { dir: dir.into(), cache_before, rewrite_limits: rewrite_limits.clone() }
+impl Dumps {
+    pub fn new(dir: &Path, rewrite_limits: &RewriteConfig) -> Dumps {
+        Dumps { dir: dir.into(), rewrite_limits: rewrite_limits.clone(), graphs: Mutex::new(AHashMap::new()) }
+    }
+
+    pub fn start(&self, cache_before: CacheStats) -> Probe {
+        Probe { cache_before }
     }
 
     /// Writes the dump; a failure is logged, never returned: dumps must not
     /// change what the program computes.
-    pub fn write(self, facts: FlushFacts<'_>) {
+    pub fn write(&self, probe: Probe, facts: FlushFacts<'_>) {
         let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
         let process = std::process::id();
-        let dump = self.dump(facts, process, sequence);
+        let dump = self.dump(probe, facts, process, sequence);
         let name = format!("flush-{process}-{sequence:06}.json");
         if let Err(e) = write_atomically(&self.dir, &name, dump.to_json().as_bytes()) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "could not write a fusion dump");
         }
     }
 
-    fn dump(&self, facts: FlushFacts<'_>, process: u32, sequence: u64) -> FlushDump {
-        let prepared = facts.prepared;
-        let program = prepared.program.as_ref().clone();
-        let (graph, origins, rewrite) = match (&prepared.extracted, facts.fused) {
-            (Some(x), _) => {
-                let report = prepared.rewrite.as_ref().map(|r| (r, true)).or(x.rewrite.as_ref().map(|r| (r, false)));
-                let rewrite = report.map(|(r, ran)| RewriteDump::new(r, &self.rewrite_limits, ran));
+    /// The graph of the program `signature` runs: the one just prepared, or
+    /// the one kept when an earlier flush prepared it.
+    fn graph(&self, signature: &Signature, prepared: Option<Arc<Extracted>>) -> Option<Arc<Extracted>> {
+        let mut graphs = self.graphs.lock().unwrap();
+        match prepared {
+            Some(graph) => {
+                if graphs.len() >= MAX_GRAPHS {
+                    graphs.clear();
+                }
+                graphs.insert(signature.clone(), graph.clone());
+                Some(graph)
+            }
+            None => graphs.get(signature).cloned(),
+        }
+    }
+
+    fn dump(&self, probe: Probe, facts: FlushFacts<'_>, process: u32, sequence: u64) -> FlushDump {
+        let signature = Signature::of(facts.recorded);
+        let program = facts.program.clone();
+        let (graph, origins, rewrite) = match (self.graph(&signature, facts.prepared_graph), facts.fused) {
+            (Some(x), true) => {
+                let rewrite = x.rewrite.as_ref().map(|r| RewriteDump::new(r, &self.rewrite_limits, facts.rewrote));
                 (Some(x.trace.clone()), x.origins.clone(), rewrite)
             }
             // Unfused programs run the recorded trace itself.
-            (None, false) => (Some(facts.recorded.clone()), (0..facts.recorded.len()).map(|n| vec![n]).collect(), None),
+            (_, false) => (Some(facts.recorded.clone()), (0..facts.recorded.len()).map(|n| vec![n]).collect(), None),
             (None, true) => (None, Vec::new(), None),
         };
         let materialized = materialized(&program);
         let written = materialized.iter().filter(|m| m.producer.is_some()).map(|m| m.bytes).sum();
-        let (before, after) = (&self.cache_before, &facts.cache_after);
-        FlushDump {
+        let (before, after) = (&probe.cache_before, &facts.cache_after);
+        let mut dump = FlushDump {
             format: DUMP_FORMAT.into(),
             version: DUMP_VERSION,
             engine_version: env!("CARGO_PKG_VERSION").into(),
@@ -650,7 +686,7 @@ impl Probe {
             process,
             sequence,
             preparation: if facts.fused { "fused" } else { "unfused" }.into(),
-            signature: format!("{:016x}", Signature::of(facts.recorded).stable_hash()),
+            signature: format!("{:016x}", signature.stable_hash()),
             recorded: facts.recorded.clone(),
             call_sites: (0..facts.recorded.len())
                 .map(|n| facts.call_sites.get(n).copied().flatten().map(CallSite::from))
@@ -668,7 +704,14 @@ impl Probe {
                 run: facts.run_ns,
             },
             memory: FlushMemory { live_before: facts.live_before, peak: facts.peak, written },
+        };
+        // Write only what the loader accepts: a graph that does not match
+        // the program (a program the cache adapted) is left out, not trusted.
+        if let Err(why) = dump.check() {
+            tracing::warn!(%why, "fusion dump written without its graph");
+            (dump.graph, dump.origins) = (None, Vec::new());
         }
+        dump
     }
 }
 

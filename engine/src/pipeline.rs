@@ -70,12 +70,9 @@ pub struct Prepared {
     /// The rewrite report, when this preparation rewrote (a tier-1 or tier-3
     /// hit skips rewriting and has none).
     pub rewrite: Option<RewriteReport>,
-    /// How the program was made, kept with it for fusion dumps (tier-1 hits
-    /// included); absent for unfused programs and programs read from disk.
-    pub extracted: Option<Arc<Extracted>>,
 }
 
-/// The trace the planner saw and where its nodes came from.
+/// The trace the planner saw and where its nodes came from, for fusion dumps.
 #[derive(Debug)]
 pub struct Extracted {
     /// The optimized trace: the program's value ids are its node ids.
@@ -91,7 +88,6 @@ pub struct Extracted {
 struct Entry {
     program: Arc<Program>,
     executable: Arc<dyn Executable>,
-    extracted: Option<Arc<Extracted>>,
 }
 
 pub(crate) struct Pipeline {
@@ -104,6 +100,10 @@ pub(crate) struct Pipeline {
     executables: Mutex<AHashMap<Arc<[u8]>, Arc<dyn Executable>>>,
     disk: Option<DiskCache>,
     counters: Counters,
+    /// While fusion dumps are on, the graph of the last fused preparation
+    /// (taken by the flush that caused it); off, nothing is kept.
+    last_extracted: Mutex<Option<Arc<Extracted>>>,
+    keep_extracted: std::sync::atomic::AtomicBool,
 }
 
 fn count(pair: &[AtomicU64; 2], hit: bool) {
@@ -124,7 +124,19 @@ impl Pipeline {
             executables: Mutex::new(AHashMap::new()),
             disk,
             counters: Counters::default(),
+            last_extracted: Mutex::new(None),
+            keep_extracted: Default::default(),
         }
+    }
+
+    /// Keeps the graph of each fused preparation for [`Pipeline::take_extracted`].
+    pub fn keep_extracted(&self) {
+        self.keep_extracted.store(true, Ordering::Relaxed);
+    }
+
+    /// The graph of the fused preparation since the last call, if one ran.
+    pub fn take_extracted(&self) -> Option<Arc<Extracted>> {
+        self.last_extracted.lock().unwrap().take()
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -145,12 +157,12 @@ impl Pipeline {
         let key = (how, Signature::of(trace));
         if let Some(entry) = self.programs.lock().unwrap().get(&key) {
             count(&self.counters.tier1, true);
-            return Ok((entry.executable.clone(), Prepared { program: entry.program.clone(), rewrite: None, extracted: entry.extracted.clone() }));
+            return Ok((entry.executable.clone(), Prepared { program: entry.program.clone(), rewrite: None }));
         }
         count(&self.counters.tier1, false);
         let prepared = self.program(trace, how, &key.1)?;
         let executable = self.compile(&prepared.program)?;
-        let entry = Entry { program: prepared.program.clone(), executable: executable.clone(), extracted: prepared.extracted.clone() };
+        let entry = Entry { program: prepared.program.clone(), executable: executable.clone() };
         self.programs.lock().unwrap().insert(key, entry);
         Ok((executable, prepared))
     }
@@ -180,7 +192,7 @@ impl Pipeline {
             Program::from_json(text).map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache")).ok()
         });
         if let Some(program) = from_disk {
-            return Ok(Prepared { program: Arc::new(program), rewrite: None, extracted: None });
+            return Ok(Prepared { program: Arc::new(program), rewrite: None });
         }
         let prepared = self.prepare(trace, how)?;
         if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
@@ -191,7 +203,7 @@ impl Pipeline {
 
     fn prepare(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
         if how == Preparation::Unfused {
-            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None, extracted: None });
+            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None });
         }
         let start = Instant::now();
         let (optimized, report, origins) = match optimize(trace, &self.rewrite) {
@@ -212,8 +224,11 @@ impl Pipeline {
         if let Some(r) = &report {
             tracing::debug!(rules = ?r.rules_fired, stop = %r.stop_reason, kernels = program.kernels.len(), "prepared");
         }
-        let extracted = Extracted { trace: optimized, origins, rewrite: report.clone() };
-        Ok(Prepared { program: Arc::new(program), rewrite: report, extracted: Some(Arc::new(extracted)) })
+        if self.keep_extracted.load(Ordering::Relaxed) {
+            let extracted = Extracted { trace: optimized, origins, rewrite: report.clone() };
+            *self.last_extracted.lock().unwrap() = Some(Arc::new(extracted));
+        }
+        Ok(Prepared { program: Arc::new(program), rewrite: report })
     }
 
     /// Everything the on-disk program depends on, in a canonical form.
