@@ -16,6 +16,10 @@ pub const ENV_CACHE_DIR: &str = "TORCH_TPU_CACHE_DIR";
 /// The byte budget of the on-disk cache.
 pub const ENV_CACHE_BYTES: &str = "TORCH_TPU_CACHE_BYTES";
 
+/// A directory where every DeferAndFuse flush writes a JSON dump for
+/// `fusion-debug`; unset (the default) writes nothing and costs nothing.
+pub const ENV_FUSION_DUMP: &str = "TORCH_TPU_FUSION_DUMP";
+
 /// The default on-disk cache budget: 256 MiB.
 pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
@@ -136,6 +140,8 @@ pub struct Config {
     pub backend: crate::backend_select::BackendKind,
     /// The PJRT plugin library (`TORCH_TPU_PJRT_PLUGIN`); `None` searches.
     pub pjrt_plugin: Option<std::path::PathBuf>,
+    /// Where flushes write fusion dumps ([`crate::dump`]); `None` writes none.
+    pub fusion_dump: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -151,6 +157,7 @@ impl Default for Config {
             cache_bytes: DEFAULT_CACHE_BYTES,
             backend: crate::backend_select::BackendKind::Cpu,
             pjrt_plugin: None,
+            fusion_dump: None,
         }
     }
 }
@@ -220,6 +227,7 @@ impl Config {
             config.backend = v.parse()?;
         }
         config.pjrt_plugin = get(crate::backend_select::ENV_PJRT_PLUGIN).filter(|v| !v.trim().is_empty()).map(Into::into);
+        config.fusion_dump = get(ENV_FUSION_DUMP).filter(|v| !v.trim().is_empty()).map(|v| v.trim().into());
         Ok(config)
     }
 }

@@ -4,11 +4,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use runtime::{Backend, Buffer, HostData, MemoryStats, MemoryTracker};
+use runtime::{Backend, Buffer, Executable, HostData, MemoryStats, MemoryTracker};
 use rewrite_rules::planner::PlanConfig;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
 use crate::disk_cache::DiskCache;
+use crate::dump::{Dumps, FlushFacts, Probe};
 use crate::pipeline::{CacheStats, Pipeline, Prepared, Preparation};
 use crate::config::{Config, Mode};
 use crate::element::Element;
@@ -28,6 +29,8 @@ pub(crate) struct Shared {
     pending: Mutex<PendingTrace>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
+    /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
+    dumps: Option<Dumps>,
 }
 
 /// Counters of one context, read through [`Context::stats`].
@@ -103,6 +106,10 @@ impl Context {
             Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone())?),
             _ => None,
         };
+        let dumps = config.fusion_dump.as_ref().map(|dir| Dumps::new(dir, &config.rewrite));
+        if dumps.is_some() {
+            pipeline.keep_extracted();
+        }
         tracing::debug!(mode = %config.mode, backend = backend.name(), "new context");
         Ok(Context {
             shared: Arc::new(Shared {
@@ -114,6 +121,7 @@ impl Context {
                 pending: Mutex::new(PendingTrace::new(0)),
                 ops_recorded: AtomicU64::new(0),
                 flushes: AtomicU64::new(0),
+                dumps,
             }),
         })
     }
@@ -189,12 +197,14 @@ impl Context {
 
     /// Records `op` on `inputs` in this context's mode. Shapes and dtypes are
     /// checked here, at the call, in every mode.
+    #[track_caller]
     pub(crate) fn record(&self, op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         self.shared.record(op, inputs)
     }
 }
 
 impl Shared {
+    #[track_caller]
     fn record(self: &Arc<Self>, op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         if let Some(t) = inputs.iter().find(|t| !Arc::ptr_eq(&t.0.ctx, self)) {
             return Err(Error::attr(op.name(), format!("input {t:?} belongs to another context")));
@@ -227,6 +237,9 @@ impl Shared {
                 let epoch = pending.epoch;
                 let tensor = TensorInner::new(self.clone(), meta, Cell::Deferred { node, epoch });
                 pending.set_owner(node, Arc::downgrade(&tensor));
+                if self.dumps.is_some() {
+                    pending.set_call_site(node, std::panic::Location::caller());
+                }
                 if pending.len() >= self.config.max_pending_ops {
                     tracing::debug!(limit = self.config.max_pending_ops, "pending trace is full");
                     self.flush(&mut pending)?;
@@ -257,9 +270,13 @@ impl Shared {
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), "flush");
         let how = if self.config.fusion { Preparation::Fused } else { Preparation::Unfused };
         let nodes = plan.trace.len();
+        let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats()));
         let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
             *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, &prepared));
-            exe.run(plan.inputs)
+            match probe {
+                None => exe.run(plan.inputs),
+                Some(probe) => self.run_dumped(probe, &*exe, plan.inputs, &plan.trace, &plan.call_sites, &prepared),
+            }
         });
         match result {
             Ok(buffers) => {
@@ -275,6 +292,42 @@ impl Shared {
                 Err(e)
             }
         }
+    }
+
+    /// Runs a flush's program measuring its time and peak bytes, and writes
+    /// its fusion dump.
+    fn run_dumped(
+        &self,
+        probe: Probe,
+        exe: &dyn Executable,
+        inputs: Vec<Arc<Buffer>>,
+        recorded: &Trace,
+        call_sites: &[Option<&'static std::panic::Location<'static>>],
+        prepared: &Prepared,
+    ) -> Result<Vec<Arc<Buffer>>> {
+        let memory = self.backend.memory();
+        let outer = memory.stats();
+        memory.reset_peak();
+        let start = std::time::Instant::now();
+        let result = exe.run(inputs);
+        let run_ns = start.elapsed().as_nanos() as u64;
+        let peak = memory.stats().peak_bytes;
+        memory.restore_peak(outer.peak_bytes);
+        let Some(dumps) = &self.dumps else { return result };
+        dumps.write(probe, FlushFacts {
+            backend: self.backend.name(),
+            fused: self.config.fusion,
+            recorded,
+            call_sites,
+            program: &prepared.program,
+            rewrote: prepared.rewrite.is_some(),
+            prepared_graph: self.pipeline.take_extracted(),
+            cache_after: self.pipeline.stats(),
+            run_ns,
+            live_before: outer.live_bytes as u64,
+            peak: peak as u64,
+        });
+        result
     }
 
     /// Debug mode's check of one op's output.

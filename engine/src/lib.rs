@@ -23,6 +23,7 @@ pub mod differential;
 pub mod pipeline;
 mod display;
 pub mod disk_cache;
+pub mod dump;
 mod element;
 pub mod ops;
 mod pending;

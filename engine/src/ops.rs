@@ -100,6 +100,7 @@ impl ScalarOrTensor {
     /// parameter already converted to `dtype` (one rounding, as PyTorch does).
     /// In DeferAndFuse the few values rewrites need to see ([`is_rewrite_literal`])
     /// are recorded as literal constants instead.
+    #[track_caller]
     fn to_tensor(&self, ctx: &Context, dtype: DType) -> Result<Tensor> {
         match self {
             ScalarOrTensor::Tensor(t) => t.to_dtype(dtype),
@@ -128,19 +129,23 @@ pub fn is_rewrite_literal(v: f64) -> bool {
 impl Context {
     /// A literal constant: its value is part of the trace (use a scalar
     /// operand instead for values that change between calls).
+    #[track_caller]
     pub fn full(&self, value: f64, shape: &[usize], dtype: DType) -> Result<Tensor> {
         self.record(Op::Full { value, shape: shape.into(), dtype }, &[])
     }
 
+    #[track_caller]
     pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         self.full(0.0, shape, dtype)
     }
 
+    #[track_caller]
     pub fn ones(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         self.full(1.0, shape, dtype)
     }
 
     /// `start, start + step, ...` below `end` (above it for a negative step).
+    #[track_caller]
     pub fn arange(&self, start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
             return Err(Error::attr("arange", format!("invalid range {start}..{end} step {step}")));
@@ -150,11 +155,13 @@ impl Context {
     }
 
     /// Uniform values on [0, 1), a pure function of `seed`.
+    #[track_caller]
     pub fn rand(&self, shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
         self.record(Op::Random { seed, dist: Distribution::Uniform, shape: shape.into(), dtype }, &[])
     }
 
     /// Standard normal values, a pure function of `seed`.
+    #[track_caller]
     pub fn randn(&self, shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
         self.record(Op::Random { seed, dist: Distribution::Normal, shape: shape.into(), dtype }, &[])
     }
@@ -163,6 +170,7 @@ impl Context {
 macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident => $kind:ident),* $(,)?) => {$(
         $(#[$doc])*
+        #[track_caller]
         pub fn $name(&self) -> Result<Tensor> {
             self.unary(UnaryOp::$kind)
         }
@@ -171,6 +179,7 @@ macro_rules! unary_methods {
 
 macro_rules! binary_methods {
     ($($name:ident => $kind:ident),* $(,)?) => {$(
+        #[track_caller]
         pub fn $name(&self, rhs: impl Into<ScalarOrTensor>) -> Result<Tensor> {
             self.binary(BinaryOp::$kind, rhs.into())
         }
@@ -192,6 +201,7 @@ impl Tensor {
     }
 
     /// Converts to `dtype`; a no-op (the same tensor) when it already is.
+    #[track_caller]
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if self.dtype() == dtype {
             return Ok(self.clone());
@@ -199,6 +209,7 @@ impl Tensor {
         self.ctx().record(Op::Cast { to: dtype }, &[self])
     }
 
+    #[track_caller]
     fn unary(&self, kind: UnaryOp) -> Result<Tensor> {
         let x = match kind {
             k if k.needs_float() && !self.dtype().is_float() => self.to_dtype(DType::F32)?,
@@ -214,6 +225,7 @@ impl Tensor {
         sin => Sin, cos => Cos, floor => Floor, sign => Sign, logical_not => LogicalNot,
     }
 
+    #[track_caller]
     pub fn gelu(&self, approximate: GeluApproximation) -> Result<Tensor> {
         self.unary(match approximate {
             GeluApproximation::None => UnaryOp::GeluErf,
@@ -221,6 +233,7 @@ impl Tensor {
         })
     }
 
+    #[track_caller]
     fn binary(&self, kind: BinaryOp, rhs: ScalarOrTensor) -> Result<Tensor> {
         let name = kind.name();
         if let ScalarOrTensor::Tensor(t) = &rhs {
@@ -253,6 +266,7 @@ impl Tensor {
 
     /// `self ? on_true : on_false`, elementwise with broadcasting; `self` is
     /// the condition (cast to bool if it is not).
+    #[track_caller]
     pub fn where_cond(&self, on_true: impl Into<ScalarOrTensor>, on_false: impl Into<ScalarOrTensor>) -> Result<Tensor> {
         let (t, f) = (on_true.into(), on_false.into());
         let s = broadcast_shapes("where", self.shape(), t.shape())?;
@@ -280,6 +294,7 @@ impl Tensor {
         Ok(out)
     }
 
+    #[track_caller]
     fn reduce(&self, kind: ReduceOp, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         let axes = self.axes(kind.name(), axes)?;
         let x = match kind {
@@ -293,28 +308,35 @@ impl Tensor {
         self.ctx().record(Op::Reduce { kind, axes, keepdim }, &[&x])
     }
 
+    #[track_caller]
     pub fn sum(&self, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Sum, axes, keepdim)
     }
+    #[track_caller]
     pub fn mean(&self, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Mean, axes, keepdim)
     }
+    #[track_caller]
     pub fn max(&self, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Max, axes, keepdim)
     }
+    #[track_caller]
     pub fn min(&self, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Min, axes, keepdim)
     }
+    #[track_caller]
     pub fn prod(&self, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Prod, axes, keepdim)
     }
 
     /// Sum of every element, as a zero-dimensional tensor.
+    #[track_caller]
     pub fn sum_all(&self) -> Result<Tensor> {
         let all: Vec<i64> = (0..self.rank() as i64).collect();
         self.sum(&all, false)
     }
 
+    #[track_caller]
     fn arg_reduce(&self, kind: ArgReduceOp, axis: Option<i64>, keepdim: bool) -> Result<Tensor> {
         let name = if kind == ArgReduceOp::Argmax { "argmax" } else { "argmin" };
         match axis {
@@ -327,9 +349,11 @@ impl Tensor {
         }
     }
 
+    #[track_caller]
     pub fn argmax(&self, axis: Option<i64>, keepdim: bool) -> Result<Tensor> {
         self.arg_reduce(ArgReduceOp::Argmax, axis, keepdim)
     }
+    #[track_caller]
     pub fn argmin(&self, axis: Option<i64>, keepdim: bool) -> Result<Tensor> {
         self.arg_reduce(ArgReduceOp::Argmin, axis, keepdim)
     }
@@ -337,6 +361,7 @@ impl Tensor {
 
 /// Layout ops.
 impl Tensor {
+    #[track_caller]
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         if shape == self.shape() {
             return Ok(self.clone());
@@ -345,6 +370,7 @@ impl Tensor {
     }
 
     /// Broadcasts to `shape` (PyTorch's `expand`).
+    #[track_caller]
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
         if shape == self.shape() {
             return Ok(self.clone());
@@ -352,10 +378,12 @@ impl Tensor {
         self.ctx().record(Op::Expand { shape: shape.into() }, &[self])
     }
 
+    #[track_caller]
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         self.ctx().record(Op::Permute { perm: perm.into() }, &[self])
     }
 
+    #[track_caller]
     pub fn transpose(&self, a: i64, b: i64) -> Result<Tensor> {
         if self.rank() == 0 {
             return Ok(self.clone());
@@ -367,6 +395,7 @@ impl Tensor {
     }
 
     /// The transpose of the last two dimensions.
+    #[track_caller]
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() < 2 {
             return Err(Error::shape("t", "needs at least two dimensions", &[&self.meta().shape]));
@@ -374,6 +403,7 @@ impl Tensor {
         self.transpose(-2, -1)
     }
 
+    #[track_caller]
     pub fn unsqueeze(&self, axis: i64) -> Result<Tensor> {
         let axis = normalize_axis("unsqueeze", axis, self.rank() + 1)?;
         let mut shape: Vec<usize> = self.shape().to_vec();
@@ -383,6 +413,7 @@ impl Tensor {
 
     /// Python-style slice `[start:stop:step]` along `axis`: negative indices
     /// count from the end and out-of-range bounds are clamped.
+    #[track_caller]
     pub fn slice(&self, axis: i64, start: i64, stop: i64, step: usize) -> Result<Tensor> {
         if self.rank() == 0 {
             return Err(Error::shape("slice", "cannot slice a zero-dimensional tensor", &[&self.meta().shape]));
@@ -399,13 +430,18 @@ impl Tensor {
     }
 
     /// Joins tensors along `axis` (with type promotion).
+    #[track_caller]
     pub fn cat(tensors: &[&Tensor], axis: i64) -> Result<Tensor> {
         let Some(first) = tensors.first() else {
             return Err(Error::attr("cat", "needs at least one tensor"));
         };
         let axis = normalize_axis("cat", axis, first.rank())?;
         let dtype = result_type(&tensors.iter().map(|t| Operand::Tensor(t.dtype())).collect::<Vec<_>>());
-        let cast = tensors.iter().map(|t| t.to_dtype(dtype)).collect::<Result<Vec<_>>>()?;
+        // A loop, not a closure: a closure would end the `#[track_caller]` chain here.
+        let mut cast = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            cast.push(t.to_dtype(dtype)?);
+        }
         let refs: Vec<&Tensor> = cast.iter().collect();
         first.ctx().record(Op::Concat { axis }, &refs)
     }
@@ -415,6 +451,7 @@ impl Tensor {
 impl Tensor {
     /// PyTorch's `matmul`: 1-D operands are promoted to matrices and the added
     /// dimension removed again; batch dimensions broadcast.
+    #[track_caller]
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(Error::shape("matmul", "operands must have at least one dimension", &[&self.meta().shape, &rhs.meta().shape]));
@@ -436,11 +473,13 @@ impl Tensor {
         out.reshape(&shape)
     }
 
+    #[track_caller]
     fn float(&self) -> Result<Tensor> {
         if self.dtype().is_float() { Ok(self.clone()) } else { self.to_dtype(DType::F32) }
     }
 
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
+    #[track_caller]
     pub fn softmax(&self, axis: i64) -> Result<Tensor> {
         let x = self.float()?;
         let shifted = x.sub(&x.max(&[axis], true)?)?;
@@ -449,6 +488,7 @@ impl Tensor {
     }
 
     /// `x - max - log(sum(exp(x - max)))` along `axis`.
+    #[track_caller]
     pub fn log_softmax(&self, axis: i64) -> Result<Tensor> {
         let x = self.float()?;
         let shifted = x.sub(&x.max(&[axis], true)?)?;
@@ -465,6 +505,7 @@ impl Tensor {
 
     /// LayerNorm over the trailing `normalized_shape` dimensions (biased
     /// variance, as PyTorch), with optional elementwise affine parameters.
+    #[track_caller]
     pub fn layer_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
         let axes = self.trailing_axes("layer_norm", normalized_shape)?;
         let x = self.float()?;
@@ -481,6 +522,7 @@ impl Tensor {
     }
 
     /// RMSNorm over the trailing `normalized_shape` dimensions.
+    #[track_caller]
     pub fn rms_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
         let axes = self.trailing_axes("rms_norm", normalized_shape)?;
         let x = self.float()?;
@@ -492,6 +534,7 @@ impl Tensor {
     }
 
     /// `x @ weight.T + bias`, with `weight` of shape `[out, in]` as in `torch.nn.Linear`.
+    #[track_caller]
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let y = self.matmul(&weight.t()?)?;
         match bias {
@@ -505,12 +548,14 @@ macro_rules! std_binary_op {
     ($trait:ident, $method:ident) => {
         impl<R: Into<ScalarOrTensor>> std::ops::$trait<R> for &Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: R) -> Result<Tensor> {
                 Tensor::$method(self, rhs)
             }
         }
         impl<R: Into<ScalarOrTensor>> std::ops::$trait<R> for Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: R) -> Result<Tensor> {
                 Tensor::$method(&self, rhs)
             }
@@ -525,6 +570,7 @@ std_binary_op!(Div, div);
 
 impl std::ops::Neg for &Tensor {
     type Output = Result<Tensor>;
+    #[track_caller]
     fn neg(self) -> Result<Tensor> {
         Tensor::neg(self)
     }
@@ -532,6 +578,7 @@ impl std::ops::Neg for &Tensor {
 
 impl std::ops::Neg for Tensor {
     type Output = Result<Tensor>;
+    #[track_caller]
     fn neg(self) -> Result<Tensor> {
         Tensor::neg(&self)
     }

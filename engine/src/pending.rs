@@ -2,6 +2,7 @@
 //! buffers they read, and a weak handle to the tensor of each node, so a flush
 //! knows which values someone still holds.
 
+use std::panic::Location;
 use std::sync::{Arc, Weak};
 
 use ahash::AHashMap;
@@ -20,6 +21,8 @@ pub(crate) struct PendingTrace {
     param_nodes: AHashMap<usize, NodeId>,
     /// The tensor of each node (none for parameters).
     pub owners: Vec<Weak<TensorInner>>,
+    /// Where each op was recorded, kept only while fusion dumps are on.
+    call_sites: Vec<(NodeId, &'static Location<'static>)>,
 }
 
 /// What a flush has to run: the pruned trace, its inputs, and the tensors its
@@ -28,11 +31,13 @@ pub(crate) struct FlushPlan {
     pub trace: Trace,
     pub inputs: Vec<Arc<Buffer>>,
     pub holders: Vec<Arc<TensorInner>>,
+    /// The call site of each node of `trace`, when fusion dumps recorded them.
+    pub call_sites: Vec<Option<&'static Location<'static>>>,
 }
 
 impl PendingTrace {
     pub fn new(epoch: u64) -> Self {
-        PendingTrace { epoch, trace: Trace::new(), params: Vec::new(), param_nodes: AHashMap::new(), owners: Vec::new() }
+        PendingTrace { epoch, trace: Trace::new(), params: Vec::new(), param_nodes: AHashMap::new(), owners: Vec::new(), call_sites: Vec::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -67,6 +72,11 @@ impl PendingTrace {
         self.trace.push(op, inputs)
     }
 
+    /// Remembers where the user recorded `node`, for fusion dumps.
+    pub fn set_call_site(&mut self, node: NodeId, site: &'static Location<'static>) {
+        self.call_sites.push((node, site));
+    }
+
     pub fn set_owner(&mut self, node: NodeId, owner: Weak<TensorInner>) {
         debug_assert_eq!(node, self.owners.len());
         self.owners.push(owner);
@@ -88,10 +98,38 @@ impl PendingTrace {
         if holders.is_empty() {
             return None;
         }
+        let call_sites = pruned_call_sites(&trace, &taken.call_sites);
         let (pruned, old_params) = trace.pruned();
         // `taken.params` is dropped on return, so the program holds the only
         // reference the trace had and can free or reuse each input early.
         let inputs = old_params.iter().map(|&i| taken.params[i].clone()).collect();
-        Some(FlushPlan { trace: pruned, inputs, holders })
+        Some(FlushPlan { trace: pruned, inputs, holders, call_sites })
     }
+}
+
+/// The call sites renumbered as [`Trace::pruned`] renumbers nodes (live nodes
+/// keep their order).
+fn pruned_call_sites(
+    trace: &Trace,
+    sites: &[(NodeId, &'static Location<'static>)],
+) -> Vec<Option<&'static Location<'static>>> {
+    if sites.is_empty() {
+        return Vec::new();
+    }
+    let mut by_node = vec![None; trace.len()];
+    for &(node, site) in sites {
+        by_node[node] = Some(site);
+    }
+    let mut live = vec![false; trace.len()];
+    for &o in &trace.outputs {
+        live[o] = true;
+    }
+    for id in (0..trace.len()).rev() {
+        if live[id] {
+            for &i in &trace.nodes[id].inputs {
+                live[i] = true;
+            }
+        }
+    }
+    by_node.into_iter().zip(live).filter(|(_, l)| *l).map(|(s, _)| s).collect()
 }

@@ -81,6 +81,18 @@ pub struct Prepared {
     pub rewrite: Option<RewriteReport>,
 }
 
+/// The trace the planner saw and where its nodes came from, for fusion dumps.
+#[derive(Debug)]
+pub struct Extracted {
+    /// The optimized trace: the program's value ids are its node ids.
+    pub trace: Trace,
+    /// For each node, the recorded nodes it stands for (see
+    /// [`rewrite_rules::Optimized::origins`]).
+    pub origins: Vec<Vec<trace_ir::NodeId>>,
+    /// The report of the rewrite that produced it, if rewriting succeeded.
+    pub rewrite: Option<RewriteReport>,
+}
+
 #[derive(Clone)]
 struct Instance {
     program: Arc<Program>,
@@ -133,6 +145,10 @@ pub(crate) struct Pipeline {
     executables: Mutex<AHashMap<Arc<[u8]>, Arc<dyn Executable>>>,
     disk: Option<DiskCache>,
     counters: Counters,
+    /// While fusion dumps are on, the graph of the last fused preparation
+    /// (taken by the flush that caused it); off, nothing is kept.
+    last_extracted: Mutex<Option<Arc<Extracted>>>,
+    keep_extracted: std::sync::atomic::AtomicBool,
 }
 
 fn count(pair: &[AtomicU64; 2], hit: bool) {
@@ -153,7 +169,19 @@ impl Pipeline {
             executables: Mutex::new(AHashMap::new()),
             disk,
             counters: Counters::default(),
+            last_extracted: Mutex::new(None),
+            keep_extracted: Default::default(),
         }
+    }
+
+    /// Keeps the graph of each fused preparation for [`Pipeline::take_extracted`].
+    pub fn keep_extracted(&self) {
+        self.keep_extracted.store(true, Ordering::Relaxed);
+    }
+
+    /// The graph of the fused preparation since the last call, if one ran.
+    pub fn take_extracted(&self) -> Option<Arc<Extracted>> {
+        self.last_extracted.lock().unwrap().take()
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -240,12 +268,12 @@ impl Pipeline {
             return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None });
         }
         let start = Instant::now();
-        let (optimized, report) = match optimize(trace, &self.rewrite) {
-            Ok(o) => (o.trace, Some(o.report)),
+        let (optimized, report, origins) = match optimize(trace, &self.rewrite) {
+            Ok(o) => (o.trace, Some(o.report), o.origins),
             Err(e) => {
                 // Rewrites are an optimization: a failure costs speed, not results.
                 tracing::warn!(error = %e, "rewriting failed; planning the trace as recorded");
-                (trace.clone(), None)
+                (trace.clone(), None, (0..trace.len()).map(|n| vec![n]).collect())
             }
         };
         self.counters.rewrite_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
@@ -261,6 +289,10 @@ impl Pipeline {
         self.counters.plan_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
         if let Some(r) = &report {
             tracing::debug!(rules = ?r.rules_fired, stop = %r.stop_reason, kernels = program.kernels.len(), "prepared");
+        }
+        if self.keep_extracted.load(Ordering::Relaxed) {
+            let extracted = Extracted { trace: optimized, origins, rewrite: report.clone() };
+            *self.last_extracted.lock().unwrap() = Some(Arc::new(extracted));
         }
         Ok(Prepared { program: Arc::new(program), rewrite: report })
     }

@@ -5,10 +5,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use egg::{Extractor, Id, Runner, StopReason};
-use trace_ir::{Error, Result, Trace};
+use trace_ir::{Error, NodeId, Result, Trace};
 
 use crate::cost::{BytesMoved, TreeCost};
-use crate::{build, rebuild, DagExtractor, RuleSets, TensorAnalysis, TensorNode};
+use crate::{build, rebuild, DagExtractor, NodeKind, RuleSets, TensorAnalysis, TensorGraph, TensorNode};
 
 /// The bounds of one rewrite run, and which rule sets it uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +66,10 @@ pub struct Optimized {
     pub trace: Trace,
     /// What the rewrite did.
     pub report: RewriteReport,
+    /// For each node of `trace`, the input trace's nodes in the same e-class
+    /// (ascending; empty for values only the rewrites introduced), so a dump
+    /// can point an optimized node back at the user's op.
+    pub origins: Vec<Vec<NodeId>>,
 }
 
 /// How many e-class visits [`DagExtractor::refine`] may spend.
@@ -136,7 +140,9 @@ fn optimize_valid(trace: &Trace, config: &RewriteConfig) -> Result<Optimized> {
         _ => (trace.clone(), cost_before),
     };
 
+    let origins = origins(egraph, &classes, &trace_out);
     Ok(Optimized {
+        origins,
         trace: trace_out,
         report: RewriteReport {
             rules_fired,
@@ -149,6 +155,24 @@ fn optimize_valid(trace: &Trace, config: &RewriteConfig) -> Result<Optimized> {
             time: start.elapsed(),
         },
     })
+}
+
+/// For each node of `extracted` (built from `egraph`), the nodes of the input
+/// trace whose e-class (`classes`) it belongs to.
+fn origins(egraph: &TensorGraph, classes: &[Id], extracted: &Trace) -> Vec<Vec<NodeId>> {
+    let mut members: std::collections::HashMap<Id, Vec<NodeId>> = std::collections::HashMap::new();
+    for (node, &class) in classes.iter().enumerate() {
+        members.entry(egraph.find(class)).or_default().push(node);
+    }
+    let mut built: Vec<Option<Id>> = Vec::with_capacity(extracted.len());
+    for node in &extracted.nodes {
+        let (kind, attrs) = NodeKind::from_op(&node.op);
+        let inputs = node.inputs.iter().map(|&i| built[i]);
+        let attrs = attrs.into_iter().map(|a| egraph.lookup(TensorNode::attr(a)));
+        let children: Option<smallvec::SmallVec<[Id; 4]>> = inputs.chain(attrs).collect();
+        built.push(children.and_then(|children| egraph.lookup(TensorNode { kind, children })));
+    }
+    built.iter().map(|c| c.and_then(|c| members.get(&egraph.find(c)).cloned()).unwrap_or_default()).collect()
 }
 
 /// The cost of a trace under [`BytesMoved`], each distinct value paid once.

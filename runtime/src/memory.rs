@@ -61,6 +61,12 @@ impl MemoryTracker {
         self.peak.store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
+    /// Raises the peak to at least `bytes`: restores an outer measurement
+    /// window after a nested one (a fusion dump's per-flush peak) reset it.
+    pub fn restore_peak(&self, bytes: usize) {
+        self.peak.fetch_max(bytes, Ordering::Relaxed);
+    }
+
     /// Bytes held in the cache of freed allocations.
     pub fn cached_bytes(&self) -> usize {
         self.pool.lock().map(|p| p.bytes).unwrap_or(0)

@@ -82,7 +82,10 @@ struct Measured {
 }
 
 fn measure(mode: Mode, backend: BackendKind, name: &str, size: Size, runs: usize) -> Result<Measured> {
-    let ctx = Context::new(Config { mode, backend, ..Config::default() })?;
+    // TORCH_TPU_FUSION_DUMP works here too, to look at a workload's flushes
+    // with fusion-debug (dumps cost time: do not compare timings taken with it).
+    let fusion_dump = std::env::var_os(deferfuse::config::ENV_FUSION_DUMP).map(Into::into);
+    let ctx = Context::new(Config { mode, backend, fusion_dump, ..Config::default() })?;
     let w = workload(&ctx, name, size)?;
     let inputs = std::cell::RefCell::new(w.inputs);
     let step = || -> Result<f64> {
