@@ -22,6 +22,7 @@ pub mod pipeline;
 mod display;
 pub mod disk_cache;
 mod element;
+mod foreign;
 pub mod ops;
 mod pending;
 mod stream;

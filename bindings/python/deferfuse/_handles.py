@@ -1,0 +1,190 @@
+"""How a `tpu` tensor holds its value.
+
+Tensors on `tpu` are plain `torch.Tensor`s without memory of their own. Their
+value lives on the tensor's `untyped_storage()` (which `detach`, `.data` and
+`nn.Parameter` share), as a `Handle`: a `Root` (the value of the storage, an
+engine tensor, or a CPU tensor for dtypes the engine lacks) and, for views, the
+(sizes, strides, offset) of the view over the root's row-major elements.
+A view is read from its root when used and writes go back to the root, so
+aliasing keeps PyTorch's semantics.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from . import _engine, _state, _views
+
+TO_ENGINE: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.bool: "bool",
+}
+TO_TORCH: dict[str, torch.dtype] = {v: k for k, v in TO_ENGINE.items()}
+
+Value = Union[_engine.Tensor, torch.Tensor]
+Spec = tuple[tuple[int, ...], tuple[int, ...], int]
+
+_ATTR = "_deferfuse"
+_create = torch._C._acc.create_empty_tensor
+
+
+class Root:
+    """The value of one storage: an engine tensor, or a CPU tensor for dtypes
+    the engine does not have (float64, int8, complex, ...)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value) -> None:
+        self.value = value
+
+
+class Handle:
+    __slots__ = ("root", "spec")
+
+    def __init__(self, root: Root, spec: Spec | None) -> None:
+        self.root = root
+        self.spec = spec
+
+
+def handle(t: torch.Tensor) -> Handle:
+    h = getattr(t.untyped_storage(), _ATTR, None)
+    if h is None:
+        raise RuntimeError(
+            f"deferfuse: this tpu tensor (shape {tuple(t.shape)}, dtype {t.dtype}) has no value; "
+            "it was not made by deferfuse"
+        )
+    return h
+
+
+def new_tensor(value: Value, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh `tpu` tensor owning `value`."""
+    if isinstance(value, _engine.Tensor):
+        shape, dtype = value.shape, TO_TORCH[value.dtype]
+    else:
+        shape, dtype = tuple(value.shape), value.dtype
+    t = _create(shape, dtype)
+    setattr(t.untyped_storage(), _ATTR, Handle(Root(value), None))
+    return t
+
+
+def new_view(base: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """A `tpu` tensor aliasing `base`'s root, laid out like the meta tensor."""
+    h = handle(base)
+    t = _create(tuple(meta.shape), base.dtype)
+    spec = (tuple(meta.shape), tuple(meta.stride()), meta.storage_offset())
+    root_shape = _root_shape(h.root)
+    if spec == (root_shape, _contiguous_strides(root_shape), 0):
+        spec = None
+    setattr(t.untyped_storage(), _ATTR, Handle(h.root, spec))
+    return t
+
+
+def _root_shape(root: Root) -> tuple[int, ...]:
+    v = root.value
+    return tuple(v.shape)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def meta_of(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with `t`'s true layout over its root, for view arithmetic."""
+    h = handle(t)
+    root_shape = _root_shape(h.root)
+    base = torch.empty(root_shape, dtype=t.dtype, device="meta")
+    if h.spec is None:
+        return base
+    sizes, strides, offset = h.spec
+    return base.as_strided(sizes, strides, offset)
+
+
+def _current(root: Root) -> Value:
+    """The root's value, moved into the current mode's context if needed."""
+    v = root.value
+    if isinstance(v, _engine.Tensor):
+        eng = _state.engine()
+        if not eng.owns(v):
+            v = root.value = eng.adopt(v)
+    return v
+
+
+def read(t: torch.Tensor) -> Value:
+    """The value of `t`: an engine tensor of `t`'s shape, or a CPU tensor."""
+    h = handle(t)
+    v = _current(h.root)
+    if h.spec is None:
+        return v
+    if isinstance(v, torch.Tensor):
+        return v.as_strided(*h.spec)
+    return _views.read(v, h.spec)
+
+
+def write(t: torch.Tensor, value: Value) -> None:
+    """Makes `value` (of `t`'s shape) the new value of `t`, and so of its root."""
+    h = handle(t)
+    if isinstance(value, _engine.Tensor):
+        want = TO_ENGINE.get(t.dtype)
+        if want is None:
+            value = to_cpu_value(value).to(t.dtype)
+        elif value.dtype != want:
+            value = value.cast(want)
+    else:
+        value = value.to(t.dtype)
+    old = _current(h.root)
+    if isinstance(old, torch.Tensor):
+        v = value if isinstance(value, torch.Tensor) else to_cpu_value(value)
+        if h.spec is None:
+            h.root.value = v.clone().reshape(old.shape)
+        else:
+            new_root = old.clone()
+            new_root.as_strided(*h.spec).copy_(v)
+            h.root.value = new_root
+        return
+    if isinstance(value, torch.Tensor):
+        value = from_cpu_value(value)
+    if h.spec is None:
+        h.root.value = value if tuple(value.shape) == tuple(old.shape) else value.reshape(list(old.shape))
+    else:
+        h.root.value = _views.write(old, h.spec, value)
+
+
+def to_cpu_value(v: Value) -> torch.Tensor:
+    """A CPU tensor holding `v` (materializes an engine tensor)."""
+    if isinstance(v, torch.Tensor):
+        return v.contiguous()
+    out = torch.empty(v.shape, dtype=TO_TORCH[v.dtype])
+    v.copy_to_address(out.data_ptr(), out.nbytes)
+    return out
+
+
+def from_cpu_value(c: torch.Tensor) -> Value:
+    """An engine tensor holding a copy of the CPU tensor `c` (or a CPU copy for
+    dtypes the engine lacks)."""
+    dtype = TO_ENGINE.get(c.dtype)
+    if dtype is None:
+        return c.detach().clone().contiguous()
+    c = c.detach().contiguous()
+    return _state.engine().from_address(c.data_ptr(), list(c.shape), dtype)
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    return to_cpu_value(read(t))
+
+
+def from_cpu(c: torch.Tensor) -> torch.Tensor:
+    return new_tensor(from_cpu_value(c))
+
+
+def is_tpu(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "tpu"
