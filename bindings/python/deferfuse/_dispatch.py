@@ -4,6 +4,7 @@ fallback for everything else."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -223,6 +224,20 @@ def view_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
     return kernel
 
 
+def inplace_view_kernel(op: torch._ops.OpOverload, view: torch._ops.OpOverload) -> Callable[..., Any]:
+    """`x.squeeze_()`, `x.t_()`, ...: `x` becomes the view (its C++ metadata is
+    replaced through `.data`, which keeps the Python object)."""
+    as_view = view_kernel(view)
+
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        replacement = as_view(self, *args, **kwargs)
+        with torch.no_grad():
+            self.data = replacement
+        return self
+
+    return kernel
+
+
 def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
     """`_foreach_foo(lists...)`: `foo` on each element, through the dispatcher."""
     base = op._schema.name.split("::")[1][len("_foreach_"):]
@@ -242,6 +257,32 @@ def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
             extra = dict(zip(keyword, item[positional:]))
             results.append(single(*item[:positional], **extra, **kwargs))
         return None if inplace else results
+
+    return kernel
+
+
+def cpu_twin(op: torch._ops.OpOverload, cpu_op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """Ops PyTorch routes to an `*_overrideable` hook on other devices run
+    their CPU twin (convolution for convolution_overrideable)."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        _state.count_fallback(op.name(), "no engine convolution yet")
+        cpu_args = tree_map(lambda x: to_cpu(x) if is_tpu(x) else x, args)
+        result = cpu_op(*cpu_args, **kwargs)
+        return tree_map(lambda x: from_cpu(x) if isinstance(x, torch.Tensor) else x, result)
+
+    return kernel
+
+
+def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
+    """`slice_scatter` and friends: a clone of `self` with `src` written
+    through the view. (PyTorch's own kernels clone through the storage's byte
+    size, which our storage-less tensors do not have.)"""
+
+    def kernel(self: torch.Tensor, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = aten.clone.default(self)
+        view(out, *args, **kwargs).copy_(src)
+        return out
 
     return kernel
 
@@ -282,9 +323,28 @@ def local_scalar_dense(self: torch.Tensor) -> Any:
     return to_cpu(self).item()
 
 
+def compatible_shallow_copy_type(self: torch.Tensor, from_: torch.Tensor) -> bool:
+    """Both are plain strided tensors (the same C++ TensorImpl), so `.data =`
+    may move one between the CPU and `tpu`. `Module.to("tpu")` then keeps
+    each Parameter object, and with it weight tying."""
+    return self.layout == torch.strided and from_.layout == torch.strided and not self.is_quantized \
+        and not from_.is_quantized and not self.is_nested and not from_.is_nested
+
+
 def resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
-    if tuple(size) != tuple(self.shape):
-        _resize(self, tuple(size))
+    """Keeps the leading elements, as resizing PyTorch's storage does; new
+    elements are zeros (PyTorch leaves them uninitialized)."""
+    size = tuple(size)
+    if size == tuple(self.shape):
+        return self
+    old = read(self)
+    n_old, n_new = math.prod(self.shape), math.prod(size)
+    _resize(self, size)
+    if isinstance(old, ET) and n_old and n_new:
+        keep = old.reshape([n_old]).slice(0, 0, min(n_old, n_new), 1)
+        if n_new > n_old:
+            keep = _state.engine().cat([keep, _state.engine().full(0.0, [n_new - n_old], old.dtype)], 0)
+        write(self, keep.reshape(list(size)))
     return self
 
 
@@ -292,7 +352,10 @@ def resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.T
 
 
 def _has_kernel(name: str, key: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    except RuntimeError:  # no such overload
+        return False
 
 
 def _is_view(op: torch._ops.OpOverload) -> bool:
@@ -304,6 +367,17 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
         return False
     first = op._schema.arguments[0] if op._schema.arguments else None
     return first is not None and first.alias_info is not None and str(first.type) == "Tensor"
+
+
+def _inplace_view_twin(packet_name: str, overload: str) -> torch._ops.OpOverload | None:
+    """The view op `foo` of an in-place view op `foo_` (squeeze_, t_, ...)."""
+    if not packet_name.endswith("_") or packet_name.startswith("_foreach"):
+        return None
+    packet = getattr(aten, packet_name[:-1], None)
+    if packet is None or overload not in packet.overloads():
+        return None
+    view = getattr(packet, overload)
+    return view if _is_view(view) else None
 
 
 def _functional_twin(op: torch._ops.OpOverload) -> str | None:
@@ -346,12 +420,26 @@ def register() -> None:
     impl("_copy_from_and_resize", copy_from_and_resize)
     impl("_local_scalar_dense", local_scalar_dense)
     impl("resize_", resize_)
+    impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
+    impl("slice_scatter", scatter_kernel(aten.slice.Tensor))
+    impl("select_scatter", scatter_kernel(aten.select.int))
+    impl("diagonal_scatter", scatter_kernel(aten.diagonal.default))
+    impl("as_strided_scatter", scatter_kernel(aten.as_strided.default))
+    impl("convolution_overrideable", cpu_twin(aten.convolution_overrideable.default, aten.convolution.default))
+    impl("convolution_backward_overrideable",
+         cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default))
     for name, lowering in LOWERINGS.items():
         packet, _, overload = name.partition(".")
         try:
             op = getattr(getattr(aten, packet), overload)
         except AttributeError:
             continue  # a generic table entry (e.g. `maximum.Tensor`) that this op lacks
+        if not _has_kernel(op.name(), "CompositeImplicitAutograd") and not _has_kernel(op.name(), "CPU") \
+                and not _has_kernel(op.name(), "CompositeExplicitAutograd"):
+            continue  # no such overload
+        if _has_kernel(op.name(), "CompositeImplicitAutograd"):
+            # A backend kernel would replace the decomposition that autograd differentiates.
+            continue
         impl(name, functional_kernel(op, lowering))
 
     for qualified in torch._C._dispatch_get_all_op_names():
@@ -373,6 +461,10 @@ def register() -> None:
             continue
         if _is_view(op):
             impl(key, view_kernel(op))
+            continue
+        view_twin = _inplace_view_twin(packet_name, overload or "default")
+        if view_twin is not None:
+            impl(key, inplace_view_kernel(op, view_twin))
             continue
         if packet_name.startswith("_foreach_"):
             single = packet_name[len("_foreach_"):]

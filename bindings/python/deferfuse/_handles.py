@@ -11,6 +11,7 @@ aliasing keeps PyTorch's semantics.
 
 from __future__ import annotations
 
+import math
 from typing import Union
 
 import torch
@@ -80,7 +81,7 @@ def new_view(base: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     spec = (tuple(meta.shape), tuple(meta.stride()), meta.storage_offset())
     root_shape = _root_shape(h.root)
     if spec == (root_shape, _contiguous_strides(root_shape), 0):
-        spec = None
+        spec = None  # the whole root, as it is
     setattr(t.untyped_storage(), _ATTR, Handle(h.root, spec))
     return t
 
@@ -103,10 +104,8 @@ def meta_of(t: torch.Tensor) -> torch.Tensor:
     h = handle(t)
     root_shape = _root_shape(h.root)
     base = torch.empty(root_shape, dtype=t.dtype, device="meta")
-    if h.spec is None:
-        return base
-    sizes, strides, offset = h.spec
-    return base.as_strided(sizes, strides, offset)
+    spec = _spec(t, h, root_shape)
+    return base if spec is None else base.as_strided(*spec)
 
 
 def _current(root: Root) -> Value:
@@ -119,15 +118,32 @@ def _current(root: Root) -> Value:
     return v
 
 
+def _spec(t: torch.Tensor, h: Handle, root_shape: tuple[int, ...]) -> Spec | None:
+    """`t`'s layout over its root: the handle's, or, for an alias that PyTorch
+    made in C++ over the same storage (e.g. `_unsafe_view`), `t`'s own."""
+    if h.spec is None:
+        if tuple(t.shape) == root_shape:
+            return None
+        return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    if tuple(t.shape) != h.spec[0]:
+        raise RuntimeError(
+            f"deferfuse: a tensor of shape {tuple(t.shape)} aliases a view of shape {h.spec[0]}; "
+            "this layout is not modelled"
+        )
+    return h.spec
+
+
 def read(t: torch.Tensor) -> Value:
     """The value of `t`: an engine tensor of `t`'s shape, or a CPU tensor."""
     h = handle(t)
     v = _current(h.root)
-    if h.spec is None:
+    spec = _spec(t, h, tuple(v.shape))
+    if spec is None:
         return v
+    v = _grow(h.root, v, spec)
     if isinstance(v, torch.Tensor):
-        return v.as_strided(*h.spec)
-    return _views.read(v, h.spec)
+        return v.as_strided(*spec)
+    return _views.read(v, spec)
 
 
 def write(t: torch.Tensor, value: Value) -> None:
@@ -142,21 +158,48 @@ def write(t: torch.Tensor, value: Value) -> None:
     else:
         value = value.to(t.dtype)
     old = _current(h.root)
+    spec = _spec(t, h, tuple(old.shape))
+    if spec is not None:
+        old = _grow(h.root, old, spec)
     if isinstance(old, torch.Tensor):
         v = value if isinstance(value, torch.Tensor) else to_cpu_value(value)
-        if h.spec is None:
+        if spec is None:
             h.root.value = v.clone().reshape(old.shape)
         else:
             new_root = old.clone()
-            new_root.as_strided(*h.spec).copy_(v)
+            new_root.as_strided(*spec).copy_(v)
             h.root.value = new_root
         return
     if isinstance(value, torch.Tensor):
         value = from_cpu_value(value)
-    if h.spec is None:
-        h.root.value = value if tuple(value.shape) == tuple(old.shape) else value.reshape(list(old.shape))
+    if spec is None:
+        h.root.value = value
     else:
-        h.root.value = _views.write(old, h.spec, value)
+        h.root.value = _views.write(old, spec, value)
+
+
+def _extent(spec: Spec) -> int:
+    """Elements of the root a layout reaches (0 for an empty view)."""
+    sizes, strides, offset = spec
+    if any(n == 0 for n in sizes):
+        return 0
+    return offset + sum((n - 1) * s for n, s in zip(sizes, strides)) + 1
+
+
+def _grow(root: Root, value: Value, spec: Spec) -> Value:
+    """PyTorch's composite kernels sometimes resize a tensor in C++ (e.g. the
+    empty output of `slice_scatter`), past what its root holds: the root then
+    grows, flattened, with zeros (PyTorch's new memory is uninitialized)."""
+    need, numel = _extent(spec), math.prod(value.shape)
+    if need <= numel:
+        return value
+    if isinstance(value, torch.Tensor):
+        grown = torch.cat([value.reshape(-1), value.new_zeros(need - numel)])
+    else:
+        eng = _state.engine()
+        grown = eng.cat([value.reshape([numel]), eng.full(0.0, [need - numel], value.dtype)], 0)
+    root.value = grown
+    return grown
 
 
 def to_cpu_value(v: Value) -> torch.Tensor:

@@ -123,6 +123,26 @@ def exp2(self: ET) -> ET:
     return _float_unary(self).binary("mul", math.log(2.0)).unary("exp")
 
 
+@lower("isnan.default")
+def isnan(self: ET) -> ET:
+    return self.binary("ne", self) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("isinf.default")
+def isinf(self: ET) -> ET:
+    return self.unary("abs").binary("eq", float("inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("isposinf.default")
+def isposinf(self: ET) -> ET:
+    return self.binary("eq", float("inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("isneginf.default")
+def isneginf(self: ET) -> ET:
+    return self.binary("eq", float("-inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
 @lower("positive.default")
 def positive(self: ET) -> ET:
     return self
@@ -452,11 +472,13 @@ def mean_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | 
 
 @lower("prod.default")
 def prod_all(self: ET, *, dtype: torch.dtype | None = None) -> ET:
+    _nonempty(self, "prod")
     return _reduce_dtype(self, dtype).reduce("prod", dims(self, None), False)
 
 
 @lower("prod.dim_int")
 def prod_dim(self: ET, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> ET:
+    _nonempty(self, "prod")
     if len(self.shape) == 0:
         return _reduce_dtype(self, dtype).reduce("prod", [], False)
     return _reduce_dtype(self, dtype).reduce("prod", [dim], keepdim)
@@ -596,12 +618,6 @@ def mm(self: ET, mat2: ET) -> ET:
     return self.matmul(mat2)
 
 
-@lower("matmul.default")
-def matmul(self: ET, other: ET) -> ET:
-    _mm_check(self, other)
-    return self.matmul(other)
-
-
 @lower("dot.default", "mv.default")
 def dot(self: ET, tensor: ET) -> ET:
     _mm_check(self, tensor)
@@ -729,6 +745,17 @@ def triu(self: ET, diagonal: int = 0) -> ET:
     return _tril_mask(list(self.shape), diagonal, False).where_(self, eng().full(0.0, [], self.dtype))
 
 
+def constant(value: float, shape: list[int], dtype: str) -> ET:
+    """A filled tensor. Debug mode checks every op's output for NaN and Inf, so
+    a non-finite constant the program asks for (an attention mask's -inf) is
+    uploaded as data instead of computed by an op."""
+    if not math.isfinite(value) and _state.get_mode() == "debug":
+        from ._handles import TO_TORCH, from_cpu_value
+
+        return from_cpu_value(torch.full(shape, value, dtype=TO_TORCH[dtype]))
+    return eng().full(value, shape, dtype)
+
+
 def _factory_dtype(dtype: torch.dtype | None, default: torch.dtype) -> str:
     return dt(dtype if dtype is not None else default)
 
@@ -737,12 +764,12 @@ def _factory_dtype(dtype: torch.dtype | None, default: torch.dtype) -> str:
 def full(size: Any, fill_value: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
     if dtype is None:
         dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) else torch.get_default_dtype()
-    return eng().full(float(fill_value), list(size), _factory_dtype(dtype, dtype))
+    return constant(float(fill_value), list(size), _factory_dtype(dtype, dtype))
 
 
 @lower("scalar_tensor.default")
 def scalar_tensor(s: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
-    return eng().full(float(s), [], _factory_dtype(dtype, torch.get_default_dtype()))
+    return constant(float(s), [], _factory_dtype(dtype, torch.get_default_dtype()))
 
 
 @lower("empty.memory_format")
@@ -781,7 +808,7 @@ def arange_start_step(start: Any, end: Any, step: Any = 1, *, dtype: Any = None,
 
 @lower("fill.Scalar")
 def fill(self: ET, value: Any) -> ET:
-    return eng().full(float(value), list(self.shape), self.dtype)
+    return constant(float(value), list(self.shape), self.dtype)
 
 
 @lower("fill.Tensor")

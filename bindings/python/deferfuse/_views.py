@@ -78,8 +78,23 @@ def _flat_padded(root: _engine.Tensor, padded: int) -> _engine.Tensor:
     return flat
 
 
+def _is_reshape(numel: int, spec: Spec) -> bool:
+    sizes, strides, offset = spec
+    expected, acc = [], 1
+    for n in reversed(sizes):
+        expected.append(acc)
+        acc *= max(n, 1)
+    return offset == 0 and math.prod(sizes) == numel and all(
+        n == 1 or s == e for n, s, e in zip(sizes, strides, reversed(expected))
+    )
+
+
 def read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
     numel = math.prod(root.shape)
+    if any(n == 0 for n in spec[0]):
+        return _state.engine().full(0.0, list(spec[0]), root.dtype)
+    if _is_reshape(numel, spec):
+        return root.reshape(list(spec[0]))
     p = plan(numel, spec)
     if p is None:
         return _via_cpu_read(root, spec)
@@ -104,6 +119,8 @@ def write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Te
     """The root after writing `value` (of the view's shape) through the view."""
     shape = list(root.shape)
     numel = math.prod(shape)
+    if _is_reshape(numel, spec):
+        return value.cast(root.dtype).reshape(shape)
     p = plan(numel, spec)
     if p is None or p.broadcast:
         if p is not None and p.broadcast:
