@@ -25,11 +25,15 @@ LEFT_TO_TORCH = {"_to_copy", "detach", "alias", "lift_fresh", "copy_", "to", "co
 _libs: list[torch.library.Library] = []
 
 
+_ATTR = _handles._ATTR
+
+
 def _unwrap(x: Any) -> Any:
     """A `tpu` tensor becomes its value; a CPU zero-dimensional tensor a number."""
     if isinstance(x, torch.Tensor):
-        if x.device.type == "tpu":
-            v = read(x)
+        h = getattr(x.untyped_storage(), _ATTR, None)
+        if h is not None or x.device.type == "tpu":
+            v = read(x, h)
             if isinstance(v, torch.Tensor):
                 raise Unsupported(f"dtype {x.dtype} is kept on the CPU")
             return v

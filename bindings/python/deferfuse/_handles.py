@@ -37,12 +37,19 @@ _create = torch._C._acc.create_empty_tensor
 
 class Root:
     """The value of one storage: an engine tensor, or a CPU tensor for dtypes
-    the engine does not have (float64, int8, complex, ...)."""
+    the engine does not have (float64, int8, complex, ...). `shape` and
+    `owner` (the engine context of the value) are kept beside it so the hot
+    path needs no call into the engine."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "shape", "owner")
 
-    def __init__(self, value: Value) -> None:
+    def __init__(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
+        self.set(value, shape)
+
+    def set(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
         self.value = value
+        self.shape = tuple(value.shape) if shape is None else shape
+        self.owner = _state.engine() if isinstance(value, _engine.Tensor) else None
 
 
 class Handle:
@@ -66,11 +73,11 @@ def handle(t: torch.Tensor) -> Handle:
 def new_tensor(value: Value, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A fresh `tpu` tensor owning `value`."""
     if isinstance(value, _engine.Tensor):
-        shape, dtype = value.shape, TO_TORCH[value.dtype]
+        shape, dtype = tuple(value.shape), TO_TORCH[value.dtype]
     else:
         shape, dtype = tuple(value.shape), value.dtype
     t = _create(shape, dtype)
-    setattr(t.untyped_storage(), _ATTR, Handle(Root(value), None))
+    setattr(t.untyped_storage(), _ATTR, Handle(Root(value, shape), None))
     return t
 
 
@@ -87,8 +94,7 @@ def new_view(base: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
 
 
 def _root_shape(root: Root) -> tuple[int, ...]:
-    v = root.value
-    return tuple(v.shape)
+    return root.shape
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -110,12 +116,10 @@ def meta_of(t: torch.Tensor) -> torch.Tensor:
 
 def _current(root: Root) -> Value:
     """The root's value, moved into the current mode's context if needed."""
-    v = root.value
-    if isinstance(v, _engine.Tensor):
-        eng = _state.engine()
-        if not eng.owns(v):
-            v = root.value = eng.adopt(v)
-    return v
+    eng = _state.engine()
+    if root.owner is not None and root.owner is not eng:
+        root.set(eng.adopt(root.value), root.shape)
+    return root.value
 
 
 def _spec(t: torch.Tensor, h: Handle, root_shape: tuple[int, ...]) -> Spec | None:
@@ -133,11 +137,15 @@ def _spec(t: torch.Tensor, h: Handle, root_shape: tuple[int, ...]) -> Spec | Non
     return h.spec
 
 
-def read(t: torch.Tensor) -> Value:
+def read(t: torch.Tensor, h: Handle | None = None) -> Value:
     """The value of `t`: an engine tensor of `t`'s shape, or a CPU tensor."""
-    h = handle(t)
-    v = _current(h.root)
-    spec = _spec(t, h, tuple(v.shape))
+    if h is None:
+        h = handle(t)
+    root = h.root
+    if h.spec is None and root.owner is _state.engine() and t.shape == root.shape:
+        return root.value  # the hot path: a whole root in the current mode
+    v = _current(root)
+    spec = _spec(t, h, root.shape)
     if spec is None:
         return v
     v = _grow(h.root, v, spec)
@@ -158,24 +166,24 @@ def write(t: torch.Tensor, value: Value) -> None:
     else:
         value = value.to(t.dtype)
     old = _current(h.root)
-    spec = _spec(t, h, tuple(old.shape))
+    spec = _spec(t, h, h.root.shape)
     if spec is not None:
         old = _grow(h.root, old, spec)
     if isinstance(old, torch.Tensor):
         v = value if isinstance(value, torch.Tensor) else to_cpu_value(value)
         if spec is None:
-            h.root.value = v.clone().reshape(old.shape)
+            h.root.set(v.clone().reshape(old.shape))
         else:
             new_root = old.clone()
             new_root.as_strided(*spec).copy_(v)
-            h.root.value = new_root
+            h.root.set(new_root)
         return
     if isinstance(value, torch.Tensor):
         value = from_cpu_value(value)
     if spec is None:
-        h.root.value = value
+        h.root.set(value, tuple(t.shape))
     else:
-        h.root.value = _views.write(old, spec, value)
+        h.root.set(_views.write(old, spec, value), h.root.shape)
 
 
 def _extent(spec: Spec) -> int:
@@ -198,7 +206,7 @@ def _grow(root: Root, value: Value, spec: Spec) -> Value:
     else:
         eng = _state.engine()
         grown = eng.cat([value.reshape([numel]), eng.full(0.0, [need - numel], value.dtype)], 0)
-    root.value = grown
+    root.set(grown)
     return grown
 
 

@@ -599,9 +599,30 @@ def logsumexp(self: ET, dim: Any, keepdim: bool = False) -> ET:
 
 @lower("linalg_vector_norm.default")
 def vector_norm(self: ET, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> ET:
-    if ord != 2 or not is_float(self) or dtype is not None or len(self.shape) == 0:
-        raise Unsupported("only the 2-norm of float tensors")
-    return self.binary("mul", self).reduce("sum", dims(self, dim), keepdim).unary("sqrt")
+    if not is_float(self):
+        raise Unsupported("norm of a non-float tensor")
+    x = self.cast(dt(dtype)) if dtype is not None else self
+    if len(x.shape) == 0:
+        x, axes = x.reshape([1]), [0]
+        keepdim = False
+    else:
+        axes = dims(x, dim)
+    if math.prod(x.shape) == 0 and ord in (float("inf"), float("-inf")):
+        raise Unsupported("max-norm of an empty tensor")
+    a = x.unary("abs")
+    if ord == float("inf"):
+        return a.reduce("max", axes, keepdim)
+    if ord == float("-inf"):
+        return a.reduce("min", axes, keepdim)
+    if ord == 0:
+        return a.binary("ne", 0).cast(x.dtype).reduce("sum", axes, keepdim)
+    if ord == 1:
+        return a.reduce("sum", axes, keepdim)
+    if ord == 2:
+        return x.binary("mul", x).reduce("sum", axes, keepdim).unary("sqrt")
+    if ord < 0:
+        raise Unsupported("negative norm orders")
+    return a.binary("pow", float(ord)).reduce("sum", axes, keepdim).binary("pow", 1.0 / float(ord))
 
 
 # ---- matrix products ------------------------------------------------------------
@@ -828,3 +849,97 @@ def clone(self: ET, *, memory_format: Any = None) -> ET:
     # Engine values are immutable (a write replaces a root's value), so the
     # clone may share the value.
     return self
+
+
+# ---- pooling -----------------------------------------------------------------
+
+
+def _pool_param(value: Any, n: int, default: Any) -> list[int]:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        value = default
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    return values * n if len(values) == 1 else values
+
+
+def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool) -> tuple[ET, ET]:
+    """Max pooling as the maximum over the k^n strided slices of a padded
+    input, with PyTorch's index (first maximum wins, NaN wins) into each
+    input plane."""
+    if not is_float(self) or len(self.shape) not in (n + 1, n + 2) or math.prod(self.shape) == 0:
+        raise Unsupported("max pooling of a non-float or empty tensor")
+    k = _pool_param(kernel_size, n, None)
+    s = _pool_param(stride, n, k)
+    p = _pool_param(padding, n, 0)
+    d = _pool_param(dilation, n, 1)
+    spatial = list(self.shape[-n:])
+    out_sizes = []
+    for size, kk, ss, pp, dd in zip(spatial, k, s, p, d):
+        span = size + 2 * pp - dd * (kk - 1) - 1
+        o = (-(-span // ss) if ceil_mode else span // ss) + 1
+        if ceil_mode and (o - 1) * ss >= size + pp:
+            o -= 1
+        if o <= 0 or pp > kk // 2:
+            raise Unsupported("pooling window larger than the input")
+        out_sizes.append(o)
+    x = self
+    rank = len(self.shape)
+    for axis, (size, kk, ss, pp, dd, o) in enumerate(zip(spatial, k, s, p, d, out_sizes)):
+        dim = rank - n + axis
+        need = (o - 1) * ss + dd * (kk - 1) + 1
+        right = need - size - pp
+        parts = []
+        if pp:
+            shape = list(x.shape)
+            shape[dim] = pp
+            parts.append(eng().full(float("-inf"), shape, x.dtype))
+        parts.append(x if right >= 0 else x.slice(dim, 0, size + right, 1))
+        if right > 0:
+            shape = list(x.shape)
+            shape[dim] = right
+            parts.append(eng().full(float("-inf"), shape, x.dtype))
+        if len(parts) > 1:
+            x = eng().cat(parts, dim)
+    # Flat index of each window element in its input plane, per kernel offset.
+    plane = 1
+    strides_in_plane = []
+    for size in reversed(spatial):
+        strides_in_plane.append(plane)
+        plane *= size
+    strides_in_plane.reverse()
+    best = best_index = None
+    for offset in _offsets(k):
+        window = x
+        index = None
+        for axis, (o, kk, ss, pp, dd, off) in enumerate(zip(out_sizes, k, s, p, d, offset)):
+            dim = rank - n + axis
+            start = off * dd
+            window = window.slice(dim, start, start + (o - 1) * ss + 1, ss)
+            shape = [1] * n
+            shape[axis] = o
+            coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp).reshape(shape)
+            term = coord.binary("mul", strides_in_plane[axis])
+            index = term if index is None else index.binary("add", term)
+        if best is None:
+            best, best_index = window, index.expand(list(window.shape))
+            continue
+        take = window.binary("gt", best).binary("logical_or", window.binary("ne", window))
+        best = take.where_(window, best)
+        best_index = take.where_(index, best_index)
+    return best, best_index
+
+
+def _offsets(k: list[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for kk in k:
+        out = [o + (i,) for o in out for i in range(kk)]
+    return out
+
+
+@lower("max_pool2d_with_indices.default")
+def max_pool2d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower("max_pool3d_with_indices.default")
+def max_pool3d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
