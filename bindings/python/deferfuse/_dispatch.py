@@ -29,18 +29,25 @@ _ATTR = _handles._ATTR
 
 
 def _unwrap(x: Any) -> Any:
-    """A `tpu` tensor becomes its value; a CPU zero-dimensional tensor a number."""
-    if isinstance(x, torch.Tensor):
-        h = getattr(x.untyped_storage(), _ATTR, None)
-        if h is not None or x.device.type == "tpu":
-            v = read(x, h)
-            if isinstance(v, torch.Tensor):
-                raise Unsupported(f"dtype {x.dtype} is kept on the CPU")
-            return v
-        if x.dim() == 0 and x.device.type == "cpu":
+    """A `tpu` tensor becomes its value; a CPU zero-dimensional tensor (how
+    PyTorch passes `x + 1.0`'s scalar) a number."""
+    if not isinstance(x, torch.Tensor):
+        if type(x) is list or type(x) is tuple:
+            return type(x)(_unwrap(v) for v in x)
+        return x
+    h = getattr(x.untyped_storage(), _ATTR, None)
+    if h is None and x.is_cpu:
+        if x.dim() == 0:
             return x.item()
         raise Unsupported("a CPU tensor with dimensions among the operands")
-    return x
+    if h is not None and h.spec is None:
+        root = h.root
+        if root.owner is _state.current and x.shape == root.shape:
+            return root.value  # the hot path: a whole root in the current mode
+    v = read(x, h)
+    if isinstance(v, torch.Tensor):
+        raise Unsupported(f"dtype {x.dtype} is kept on the CPU")
+    return v
 
 
 def _wrap(v: Any) -> Any:
@@ -52,15 +59,7 @@ def _wrap(v: Any) -> Any:
 
 
 def _map_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    a = tuple(_unwrap_deep(x) for x in args)
-    k = {key: _unwrap_deep(v) for key, v in kwargs.items()}
-    return a, k
-
-
-def _unwrap_deep(x: Any) -> Any:
-    if isinstance(x, (list, tuple)):
-        return type(x)(_unwrap(v) for v in x)
-    return _unwrap(x)
+    return tuple(map(_unwrap, args)), ({k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs)
 
 
 # ---- the CPU fallback ----------------------------------------------------------

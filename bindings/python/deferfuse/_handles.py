@@ -44,12 +44,14 @@ class Root:
     __slots__ = ("value", "shape", "owner")
 
     def __init__(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
-        self.set(value, shape)
+        self.value = value
+        self.shape = tuple(value.shape) if shape is None else shape
+        self.owner = _state.current if type(value) is _engine.Tensor else None
 
     def set(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
         self.value = value
         self.shape = tuple(value.shape) if shape is None else shape
-        self.owner = _state.engine() if isinstance(value, _engine.Tensor) else None
+        self.owner = _state.current if type(value) is _engine.Tensor else None
 
 
 class Handle:
@@ -72,11 +74,8 @@ def handle(t: torch.Tensor) -> Handle:
 
 def new_tensor(value: Value, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A fresh `tpu` tensor owning `value`."""
-    if isinstance(value, _engine.Tensor):
-        shape, dtype = tuple(value.shape), TO_TORCH[value.dtype]
-    else:
-        shape, dtype = tuple(value.shape), value.dtype
-    t = _create(shape, dtype)
+    shape = tuple(value.shape)
+    t = _create(shape, TO_TORCH[value.dtype] if type(value) is _engine.Tensor else value.dtype)
     setattr(t.untyped_storage(), _ATTR, Handle(Root(value, shape), None))
     return t
 
@@ -117,7 +116,7 @@ def meta_of(t: torch.Tensor) -> torch.Tensor:
 def _current(root: Root) -> Value:
     """The root's value, moved into the current mode's context if needed."""
     eng = _state.engine()
-    if root.owner is not None and root.owner is not eng:
+    if type(root.value) is _engine.Tensor and root.owner is not eng:
         root.set(eng.adopt(root.value), root.shape)
     return root.value
 
@@ -142,7 +141,7 @@ def read(t: torch.Tensor, h: Handle | None = None) -> Value:
     if h is None:
         h = handle(t)
     root = h.root
-    if h.spec is None and root.owner is _state.engine() and t.shape == root.shape:
+    if h.spec is None and root.owner is _state.current and t.shape == root.shape:
         return root.value  # the hot path: a whole root in the current mode
     v = _current(root)
     spec = _spec(t, h, root.shape)

@@ -17,6 +17,8 @@ MODES = ("strict", "debug", "defer_and_fuse")
 _engines: dict[str, _engine.Engine] = {}
 _lock = threading.Lock()
 _mode = "strict"
+#: The context of the current mode (read directly on the hot path).
+current: _engine.Engine | None = None
 
 #: How many times each aten op ran through the CPU fallback.
 fallback_counts: collections.Counter[str] = collections.Counter()
@@ -39,14 +41,13 @@ def engine_for(mode: str) -> _engine.Engine:
 
 def engine() -> _engine.Engine:
     """The context of the current mode (created on first use)."""
-    eng = _engines.get(_mode)
-    return eng if eng is not None else engine_for(_mode)
+    return current if current is not None else engine_for(_mode)
 
 
 def init_from_env() -> None:
     """Picks the mode named by TORCH_TPU_EAGER_MODE (strict by default).
     The engine validates the variable and lists the valid values."""
-    global _mode
+    global _mode, current
     raw = os.environ.get("TORCH_TPU_EAGER_MODE", "strict")
     try:
         _mode = _normalize(raw)
@@ -54,7 +55,7 @@ def init_from_env() -> None:
         raise _engine.EngineError(
             f"TORCH_TPU_EAGER_MODE={raw!r} is not valid; valid values: strict, debug, defer_and_fuse (case-insensitive)"
         ) from None
-    engine_for(_mode)
+    current = engine_for(_mode)
 
 
 def get_mode() -> str:
@@ -64,12 +65,12 @@ def get_mode() -> str:
 def set_mode(mode: str) -> None:
     """Switches the eager mode. Work pending in the old mode is run first, so
     values keep their order; tensors made in any mode stay usable."""
-    global _mode
+    global _mode, current
     new = _normalize(mode)
     if new != _mode:
         sync()
         _mode = new
-        engine_for(new)
+        current = engine_for(new)
 
 
 @contextlib.contextmanager
