@@ -191,3 +191,12 @@ def test_compile_backend_tpu():
     with pytest.warns(UserWarning, match='backend="tpu"'):
         plain = torch.compile(_model().to("tpu"))(x.to("tpu"))
     assert plain.device.type == "tpu"
+
+
+def test_autoload_sets_up_the_device_during_import_torch():
+    code = "import torch; print(torch.ones(2, device='tpu').sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "2.0", out.stderr
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"})
+    assert off.returncode != 0

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _handles, _state
+from . import _handles, _lowerings, _state
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
 from ._lowerings import LOWERINGS, Unsupported
@@ -264,6 +264,17 @@ def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
     return kernel
 
 
+def with_fallback(lowering: Callable[..., Any], fallback: Callable[..., Any]) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            a, k = _map_args(args, kwargs)
+            return _wrap(lowering(*a, **k))
+        except Unsupported:
+            return fallback(*args, **kwargs)
+
+    return kernel
+
+
 def cpu_twin(op: torch._ops.OpOverload, cpu_op: torch._ops.OpOverload) -> Callable[..., Any]:
     """Ops PyTorch routes to an `*_overrideable` hook on other devices run
     their CPU twin (convolution for convolution_overrideable)."""
@@ -428,7 +439,8 @@ def register() -> None:
     impl("select_scatter", scatter_kernel(aten.select.int))
     impl("diagonal_scatter", scatter_kernel(aten.diagonal.default))
     impl("as_strided_scatter", scatter_kernel(aten.as_strided.default))
-    impl("convolution_overrideable", cpu_twin(aten.convolution_overrideable.default, aten.convolution.default))
+    impl("convolution_overrideable", with_fallback(
+        _lowerings.convolution, cpu_twin(aten.convolution_overrideable.default, aten.convolution.default)))
     impl("convolution_backward_overrideable",
          cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default))
     for name, lowering in LOWERINGS.items():

@@ -943,3 +943,224 @@ def max_pool2d_with_indices(self: ET, kernel_size: Any, stride: Any = (), paddin
 @lower("max_pool3d_with_indices.default")
 def max_pool3d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
     return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+# ---- gathers as masked sums -------------------------------------------------
+#
+# The engine has no gather, so a lookup is written as a masked sum: for every
+# candidate position, `where(index == position, value, 0)`, summed over the
+# positions. It is exact (one term is non-zero; `where` keeps an infinite or
+# NaN table entry out of the others), but costs as many elements as
+# lookups x candidates, so larger ones stay on the CPU.
+
+ONE_HOT_LIMIT = 1 << 22
+
+
+def _one_hot(index: ET, n: int) -> ET:
+    """`index[..., None] == arange(n)`: a bool mask with a trailing axis of n."""
+    return index.reshape(list(index.shape) + [1]).binary("eq", eng().arange(0, n, 1, "i64"))
+
+
+def _check_size(lookups: int, candidates: int, rest: int = 1) -> None:
+    if lookups * candidates * rest > ONE_HOT_LIMIT:
+        raise Unsupported("a lookup too large for a masked sum")
+
+
+def _move_last(x: ET, dim: int) -> ET:
+    rank = len(x.shape)
+    perm = [a for a in range(rank) if a != dim] + [dim]
+    return x if dim == rank - 1 else x.permute(perm)
+
+
+def _move_back(x: ET, dim: int) -> ET:
+    rank = len(x.shape)
+    if dim == rank - 1:
+        return x
+    perm = list(range(rank - 1))
+    perm.insert(dim, rank - 1)
+    return x.permute(perm)
+
+
+@lower("index_select.default")
+def index_select(self: ET, dim: int, index: ET) -> ET:
+    if len(self.shape) == 0 or len(index.shape) > 1 or index.dtype not in ("i64", "i32") or math.prod(self.shape) == 0:
+        raise Unsupported("index_select of a zero-dimensional or empty tensor")
+    dim %= len(self.shape)
+    n, m = self.shape[dim], math.prod(index.shape)
+    rest = math.prod(self.shape) // n
+    _check_size(m, n, rest)
+    idx = index.reshape([m]).cast("i64")
+    idx = idx.binary("lt", 0).where_(idx.binary("add", n), idx)
+    x = _move_last(self, dim)  # [..., n]
+    mask = _one_hot(idx, n)  # [m, n]
+    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce("sum", [-1], False)
+    return _move_back(picked.cast(self.dtype), dim)
+
+
+@lower("embedding.default")
+def embedding(weight: ET, indices: ET, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> ET:
+    if len(weight.shape) != 2:
+        raise Unsupported("embedding with a table that is not a matrix")
+    flat = index_select(weight, 0, indices.reshape([math.prod(indices.shape)]))
+    return flat.reshape(list(indices.shape) + [weight.shape[1]])
+
+
+@lower("embedding_dense_backward.default")
+def embedding_dense_backward(grad_output: ET, indices: ET, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> ET:
+    if scale_grad_by_freq:
+        raise Unsupported("scale_grad_by_freq")
+    t = math.prod(indices.shape)
+    d = grad_output.shape[-1]
+    _check_size(t, num_weights, d)
+    idx = indices.reshape([t]).cast("i64")
+    g = grad_output.reshape([t, d])
+    keep = idx.binary("ne", padding_idx) if padding_idx >= 0 else None
+    mask = _one_hot(idx, num_weights)  # [t, V]
+    if keep is not None:
+        mask = mask.binary("logical_and", keep.reshape([t, 1]))
+    # grad_weight[v, :] = sum over tokens with index v of g[token, :]
+    contrib = mask.reshape([t, num_weights, 1]).where_(g.reshape([t, 1, d]), eng().full(0.0, [], g.dtype))
+    return contrib.reduce("sum", [0], False)
+
+
+@lower("gather.default")
+def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
+    if len(self.shape) == 0 or len(index.shape) != len(self.shape) or math.prod(index.shape) == 0:
+        raise Unsupported("gather of zero-dimensional or empty tensors")
+    dim %= len(self.shape)
+    n = self.shape[dim]
+    _check_size(math.prod(index.shape), n)
+    x = self
+    for axis, (size, want) in enumerate(zip(self.shape, index.shape)):
+        if axis != dim and want < size:
+            x = x.slice(axis, 0, want, 1)
+    x = _move_last(x, dim)  # [..., n]
+    idx = _move_last(index.cast("i64"), dim)  # [..., m]
+    mask = _one_hot(idx, n)  # [..., m, n]
+    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce("sum", [-1], False)
+    return _move_back(picked.cast(self.dtype), dim)
+
+
+def _nll_parts(self: ET, target: ET, weight: ET | None, ignore_index: int) -> tuple[ET, ET, ET]:
+    """The one-hot mask of the targets (ignored ones all false) and each
+    sample's weight."""
+    if len(self.shape) != 2 or len(target.shape) != 1 or not is_float(self):
+        raise Unsupported("nll_loss beyond [N, C] inputs")
+    n, c = self.shape
+    _check_size(n, c)
+    t = target.cast("i64")
+    mask = _one_hot(t, c).binary("logical_and", t.binary("ne", ignore_index).reshape([n, 1]))
+    w = weight.reshape([1, c]) if weight is not None else eng().full(1.0, [1, c], self.dtype)
+    zero = eng().full(0.0, [], self.dtype)
+    sample_weight = mask.where_(w.expand([n, c]), zero).reduce("sum", [1], False)
+    return mask, sample_weight, zero
+
+
+@lower("nll_loss_forward.default")
+def nll_loss_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+    mask, sample_weight, zero = _nll_parts(self, target, weight, ignore_index)
+    picked = mask.where_(self, zero).reduce("sum", [1], False)
+    losses = picked.binary("mul", sample_weight).unary("neg")
+    total = sample_weight.reduce("sum", [0], False)
+    if reduction == 0:
+        return losses, total.binary("mul", 0)
+    summed = losses.reduce("sum", [0], False)
+    return (summed.binary("div", total) if reduction == 1 else summed), total
+
+
+@lower("nll_loss_backward.default")
+def nll_loss_backward(grad_output: ET, self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int, total_weight: ET) -> ET:
+    mask, sample_weight, zero = _nll_parts(self, target, weight, ignore_index)
+    n, c = self.shape
+    g = grad_output.reshape([n, 1]) if reduction == 0 else grad_output.reshape([1, 1])
+    if reduction == 1:
+        g = g.binary("div", total_weight)
+    scaled = sample_weight.reshape([n, 1]).binary("mul", g).unary("neg")
+    return mask.where_(scaled.expand([n, c]), zero)
+
+
+@lower("cumsum.default")
+def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
+    x = _reduce_dtype(self, dtype)
+    if len(x.shape) == 0:
+        return x if dtype is not None or x.dtype not in ("bool", "i32") else x.cast("i64")
+    if x.dtype in ("bool", "i32"):
+        x = x.cast("i64")
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    _check_size(math.prod(x.shape), n)
+    # out[..., i] = sum over j <= i of x[..., j]
+    lower_tri = eng().arange(0, n, 1, "i64").reshape([n, 1]).binary("ge", eng().arange(0, n, 1, "i64"))  # [i, j]
+    moved = _move_last(x, dim)
+    terms = lower_tri.where_(moved.reshape(list(moved.shape[:-1]) + [1, n]), eng().full(0.0, [], x.dtype))
+    return _move_back(terms.reduce("sum", [-1], False), dim)
+
+
+def _nll_flat(self: ET, target: ET) -> tuple[ET, ET, list[int]]:
+    """[N, C, d...] scores and [N, d...] targets as [N*d..., C] and [N*d...]."""
+    if len(self.shape) < 3:
+        raise Unsupported("nll_loss2d needs spatial dimensions")
+    c = self.shape[1]
+    perm = [0] + list(range(2, len(self.shape))) + [1]
+    rows = math.prod(target.shape)
+    return self.permute(perm).reshape([rows, c]), target.reshape([rows]), list(target.shape)
+
+
+@lower("nll_loss2d_forward.default")
+def nll_loss2d_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+    scores, flat_target, shape = _nll_flat(self, target)
+    out, total = nll_loss_forward(scores, flat_target, weight, reduction, ignore_index)
+    return (out.reshape(shape) if reduction == 0 else out), total
+
+
+@lower("nll_loss2d_backward.default")
+def nll_loss2d_backward(grad_output: ET, self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int, total_weight: ET) -> ET:
+    scores, flat_target, shape = _nll_flat(self, target)
+    g = grad_output.reshape([math.prod(shape)]) if reduction == 0 else grad_output
+    grad = nll_loss_backward(g, scores, flat_target, weight, reduction, ignore_index, total_weight)  # [rows, C]
+    spatial = list(self.shape[2:])
+    c = self.shape[1]
+    back = [0, len(spatial) + 1] + list(range(1, len(spatial) + 1))
+    return grad.reshape([self.shape[0]] + spatial + [c]).permute(back)
+
+
+# ---- convolution ---------------------------------------------------------------
+
+
+def convolution(input: ET, weight: ET, bias: ET | None, stride: Any, padding: Any, dilation: Any,
+                transposed: bool, output_padding: Any, groups: int) -> ET:
+    """A convolution as the kernel's strided slices of the padded input
+    (im2col) and one batched matmul with the weight, per group."""
+    n = len(weight.shape) - 2
+    if transposed or len(input.shape) != n + 2 or not is_float(input) or input.dtype != weight.dtype \
+            or math.prod(input.shape) == 0 or math.prod(weight.shape) == 0:
+        raise Unsupported("transposed, unbatched, integer or empty convolution")
+    s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
+    k = list(weight.shape[2:])
+    batch, channels = input.shape[0], input.shape[1]
+    spatial = list(input.shape[2:])
+    out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(spatial, k, s, p, d)]
+    if any(o <= 0 for o in out):
+        raise Unsupported("convolution window larger than the input")
+    _check_size(batch * channels * math.prod(k), math.prod(out))
+    x = input
+    for axis, pp in enumerate(p):
+        if pp:
+            shape = list(x.shape)
+            shape[2 + axis] = pp
+            zeros = eng().full(0.0, shape, x.dtype)
+            x = eng().cat([zeros, x, zeros], 2 + axis)
+    columns = []
+    for offset in _offsets(k):
+        window = x
+        for axis, (o, ss, dd, off) in enumerate(zip(out, s, d, offset)):
+            window = window.slice(2 + axis, off * dd, off * dd + (o - 1) * ss + 1, ss)
+        columns.append(window.reshape([batch, channels, 1] + out))
+    cols = eng().cat(columns, 2) if len(columns) > 1 else columns[0]  # [N, C, K, *out]
+    per_group = channels // groups
+    cols = cols.reshape([batch, groups, per_group * math.prod(k), math.prod(out)])
+    w = weight.reshape([1, groups, weight.shape[0] // groups, per_group * math.prod(k)])
+    y = w.matmul(cols).reshape([batch, weight.shape[0]] + out)
+    if bias is not None:
+        y = y.binary("add", bias.reshape([1, weight.shape[0]] + [1] * n))
+    return y
