@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 
-from . import _engine, _state
+from . import _state
 from ._engine import EngineError
 
 __all__ = ["EngineError", "sync", "set_mode", "get_mode", "mode", "fallback_counts", "stats"]

@@ -10,10 +10,10 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _handles, _lowerings, _state
+from . import _handles, _state, lowerings as _lowerings
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
-from ._lowerings import LOWERINGS, Unsupported
+from .lowerings import LOWERINGS, Unsupported
 
 aten = torch.ops.aten
 
