@@ -91,7 +91,7 @@ def run_one(workload: str, config: str, reps: int) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
     del out
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"workload": workload, "config": config, "median_ms": 1e3 * statistics.median(times),
+    return {"workload": workload, "config": config, "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
             "first_call_ms": 1e3 * first, "peak_rss_mib": peak_kib / 1024}
 
 
@@ -182,12 +182,13 @@ def main() -> None:
             if a.json:
                 print(json.dumps(row), flush=True)
     overhead = child(["--overhead"] + (["--quick"] if a.quick else []), {})
-    print(f"\n{'workload':22s} {'config':16s} {'median ms':>10s} {'first call ms':>14s} {'peak RSS MiB':>13s}")
+    print(f"\n{'workload':22s} {'config':16s} {'median ms':>10s} {'min ms':>8s} {'first call ms':>14s} {'peak RSS MiB':>13s}")
     for r in rows:
         if "error" in r:
             print(f"{r['workload']:22s} {r['config']:16s} error: {r['error'][:80]}")
             continue
-        print(f"{r['workload']:22s} {r['config']:16s} {r['median_ms']:10.2f} {r['first_call_ms']:14.1f} {r['peak_rss_mib']:13.0f}")
+        print(f"{r['workload']:22s} {r['config']:16s} {r['median_ms']:10.2f} {r['min_ms']:8.2f} {r['first_call_ms']:14.1f} "
+              f"{r['peak_rss_mib']:13.0f}")
     print("\nper-op overhead (µs per tiny op on 8 floats, chains of 1000 ops):")
     for k, v in overhead.items():
         print(f"  {k:34s} {v:8.2f}")

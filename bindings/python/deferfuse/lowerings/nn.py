@@ -107,24 +107,24 @@ def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dil
         if o <= 0 or pp > kk // 2:
             raise Unsupported("pooling window larger than the input")
         out_sizes.append(o)
-    x = self
+    # Pad with zeros beside a validity mask rather than with -inf, so no op
+    # produces an infinity of its own (Debug mode checks every op).
+    x, valid = self, eng().full(1.0, list(self.shape), "bool")
     rank = len(self.shape)
     for axis, (size, kk, ss, pp, dd, o) in enumerate(zip(spatial, k, s, p, d, out_sizes)):
         dim = rank - n + axis
         need = (o - 1) * ss + dd * (kk - 1) + 1
         right = need - size - pp
-        parts = []
-        if pp:
+        if right < 0:
+            x, valid = x.slice(dim, 0, size + right, 1), valid.slice(dim, 0, size + right, 1)
+        for width, before in ((pp, True), (max(right, 0), False)):
+            if not width:
+                continue
             shape = list(x.shape)
-            shape[dim] = pp
-            parts.append(eng().full(float("-inf"), shape, x.dtype))
-        parts.append(x if right >= 0 else x.slice(dim, 0, size + right, 1))
-        if right > 0:
-            shape = list(x.shape)
-            shape[dim] = right
-            parts.append(eng().full(float("-inf"), shape, x.dtype))
-        if len(parts) > 1:
-            x = eng().cat(parts, dim)
+            shape[dim] = width
+            pad_x, pad_v = eng().full(0.0, shape, x.dtype), eng().full(0.0, shape, "bool")
+            x = eng().cat([pad_x, x] if before else [x, pad_x], dim)
+            valid = eng().cat([pad_v, valid] if before else [valid, pad_v], dim)
     # Flat index of each window element in its input plane, per kernel offset.
     plane = 1
     strides_in_plane = []
@@ -132,25 +132,29 @@ def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dil
         strides_in_plane.append(plane)
         plane *= size
     strides_in_plane.reverse()
-    best = best_index = None
+    best = best_index = best_valid = None
     for offset in _offsets(k):
-        window = x
+        window, window_valid = x, valid
         index = None
         for axis, (o, kk, ss, pp, dd, off) in enumerate(zip(out_sizes, k, s, p, d, offset)):
             dim = rank - n + axis
             start = off * dd
             window = window.slice(dim, start, start + (o - 1) * ss + 1, ss)
+            window_valid = window_valid.slice(dim, start, start + (o - 1) * ss + 1, ss)
             shape = [1] * n
             shape[axis] = o
             coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp).reshape(shape)
             term = coord.binary("mul", strides_in_plane[axis])
             index = term if index is None else index.binary("add", term)
         if best is None:
-            best, best_index = window, index.expand(list(window.shape))
+            best, best_index, best_valid = window, index.expand(list(window.shape)), window_valid
             continue
-        take = window.binary("gt", best).binary("logical_or", window.binary("ne", window))
+        # PyTorch keeps the first maximum, and a NaN wins.
+        better = window.binary("gt", best).binary("logical_or", window.binary("ne", window))
+        take = window_valid.binary("logical_and", better.binary("logical_or", best_valid.unary("logical_not")))
         best = take.where_(window, best)
         best_index = take.where_(index, best_index)
+        best_valid = best_valid.binary("logical_or", window_valid)
     return best, best_index
 
 
@@ -164,20 +168,18 @@ def _offsets(k: list[int]) -> list[tuple[int, ...]]:
 def _scatter_to_planes(values: ET, indices: ET, planes: list[int], plane_shape: list[int], accumulate: bool) -> ET:
     """out[plane, p] = the values[plane, o] whose indices[plane, o] == p,
     summed (max pooling's gradient) or assigned (max_unpool: repeated indices
-    come from overlapping windows and carry the same value), as a masked
-    reduction."""
+    come from overlapping windows and carry the same value), as a masked sum."""
     o = math.prod(values.shape[len(planes):])
     size = math.prod(plane_shape)
     _check_size(math.prod(planes) * o, size)
     v = values.reshape(planes + [o, 1])
     mask = _one_hot(indices.reshape(planes + [o]).cast("i64"), size)  # [*planes, o, size]
     axis = len(planes)
-    if accumulate:
-        out = mask.where_(v, eng().full(0.0, [], values.dtype)).reduce("sum", [axis], False)
-    else:
-        hit = mask.cast("i32").reduce("max", [axis], False).cast("bool")
-        top = mask.where_(v, eng().full(float("-inf"), [], values.dtype)).reduce("max", [axis], False)
-        out = hit.where_(top, eng().full(0.0, [], values.dtype))
+    out = mask.where_(v, eng().full(0.0, [], values.dtype)).reduce("sum", [axis], False)
+    if not accumulate:
+        # Repeated indices carry the same value: their mean is that value.
+        count = mask.cast(values.dtype).reduce("sum", [axis], False)
+        out = out.binary("div", count.binary("maximum", 1.0))
     return out.reshape(planes + plane_shape)
 
 
