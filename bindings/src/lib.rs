@@ -1,1 +1,36 @@
-//! The PyTorch binding (its own issue fills this crate).
+//! `deferfuse._engine`: the native half of the PyTorch binding. It exposes
+//! engine contexts ([`PyEngine`]) and engine tensors ([`PyTensor`]) to the
+//! Python package `deferfuse`, which maps aten ops onto them. Every engine
+//! error becomes a `deferfuse.EngineError` whose message names the op and
+//! the shapes; nothing here panics across the FFI.
+
+mod engine;
+mod host;
+mod tensor;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+pub use engine::PyEngine;
+pub use tensor::PyTensor;
+
+create_exception!(
+    _engine,
+    EngineError,
+    PyRuntimeError,
+    "An error raised by the deferfuse engine."
+);
+
+/// Converts an engine error into the Python exception.
+pub(crate) fn to_py(e: deferfuse::Error) -> PyErr {
+    EngineError::new_err(e.to_string())
+}
+
+#[pymodule]
+fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEngine>()?;
+    m.add_class::<PyTensor>()?;
+    m.add("EngineError", m.py().get_type::<EngineError>())?;
+    Ok(())
+}

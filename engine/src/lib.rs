@@ -25,6 +25,7 @@ mod display;
 pub mod disk_cache;
 pub mod dump;
 mod element;
+mod foreign;
 pub mod ops;
 mod pending;
 mod stream;

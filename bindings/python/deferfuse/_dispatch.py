@@ -1,0 +1,504 @@
+"""Routing aten ops on `tpu` tensors: engine lowerings, views, in-place and
+`out=` variants, `_foreach_*` lists, copies to and from the CPU, and the CPU
+fallback for everything else."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from . import _handles, _state, lowerings as _lowerings
+from ._engine import Tensor as ET
+from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
+from .lowerings import LOWERINGS, Unsupported
+
+aten = torch.ops.aten
+
+# Identity and copy ops that PyTorch's own composite kernels handle (they end in
+# `empty` and `_copy_from`, which are ours).
+LEFT_TO_TORCH = {"_to_copy", "detach", "alias", "lift_fresh", "copy_", "to", "contiguous", "_copy_from",
+                 "_copy_from_and_resize", "_local_scalar_dense", "resize_", "set_", "_has_compatible_shallow_copy_type"}
+
+_libs: list[torch.library.Library] = []
+
+
+_ATTR = _handles._ATTR
+
+
+def _unwrap(x: Any) -> Any:
+    """A `tpu` tensor becomes its value; a CPU zero-dimensional tensor (how
+    PyTorch passes `x + 1.0`'s scalar) a number."""
+    if not isinstance(x, torch.Tensor):
+        if type(x) is list or type(x) is tuple:
+            return type(x)(_unwrap(v) for v in x)
+        return x
+    h = getattr(x.untyped_storage(), _ATTR, None)
+    if h is None and x.is_cpu:
+        if x.dim() == 0:
+            return x.item()
+        raise Unsupported("a CPU tensor with dimensions among the operands")
+    if h is not None and h.spec is None:
+        root = h.root
+        if root.owner is _state.current and x.shape == root.shape:
+            return root.value  # the hot path: a whole root in the current mode
+    v = read(x, h)
+    if isinstance(v, torch.Tensor):
+        raise Unsupported(f"dtype {x.dtype} is kept on the CPU")
+    return v
+
+
+def _wrap(v: Any) -> Any:
+    if isinstance(v, ET):
+        return new_tensor(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_wrap(x) for x in v)
+    return v
+
+
+def _map_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return tuple(map(_unwrap, args)), ({k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs)
+
+
+# ---- the CPU fallback ----------------------------------------------------------
+
+
+def _mutated_args(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int | str]]:
+    """The `tpu` tensors the op writes to, with their position or name."""
+    out = []
+    for i, a in enumerate(op._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+        if is_tpu(value):
+            out.append((value, i if i < len(args) and not a.kwarg_only else a.name))
+    return out
+
+
+def cpu_fallback(op: torch._ops.OpOverload, *args: Any, why: str = "no engine lowering yet", **kwargs: Any) -> Any:
+    name = op.name()
+    _state.count_fallback(name, why)
+
+    def to_cpu_arg(x: Any) -> Any:
+        if is_tpu(x):
+            return to_cpu(x)
+        if isinstance(x, torch.device) and x.type == "tpu":
+            return torch.device("cpu")
+        return x
+
+    cpu_args = tree_map(to_cpu_arg, args)
+    cpu_kwargs = tree_map(to_cpu_arg, kwargs)
+    if "device" in cpu_kwargs and cpu_kwargs["device"] is not None and str(cpu_kwargs["device"]).startswith("tpu"):
+        cpu_kwargs["device"] = torch.device("cpu")
+    result = op(*cpu_args, **cpu_kwargs)
+    mutated = _mutated_args(op, args, kwargs)
+    for original, where in mutated:
+        new = cpu_args[where] if isinstance(where, int) else cpu_kwargs[where]
+        _store(original, new)
+    returns = op._schema.returns
+    mutated_ids = {id(cpu_args[w] if isinstance(w, int) else cpu_kwargs[w]): t for t, w in mutated}
+
+    def back(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if id(x) in mutated_ids:
+                return mutated_ids[id(x)]
+            return from_cpu(x)
+        return x
+
+    if len(returns) == 0:
+        return None
+    return tree_map(back, result)
+
+
+def _store(t: torch.Tensor, value: torch.Tensor) -> None:
+    """Writes a CPU value into a `tpu` tensor, resizing it when the op did."""
+    if tuple(value.shape) != tuple(t.shape):
+        _resize(t, tuple(value.shape))
+    write(t, _handles.from_cpu_value(value) if value.dtype in _handles.TO_ENGINE else value)
+
+
+def _resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """Gives `t` a new shape and a fresh root (what `out=` resizing does)."""
+    fresh = new_tensor(_state.engine().full(0.0, list(shape), _handles.TO_ENGINE[t.dtype])) if t.dtype in _handles.TO_ENGINE \
+        else new_tensor(torch.zeros(shape, dtype=t.dtype))
+    with torch.no_grad():
+        t.data = fresh
+
+
+# ---- kernels -----------------------------------------------------------------
+
+
+def functional_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            a, k = _map_args(args, kwargs)
+            return _wrap(lowering(*a, **k))
+        except Unsupported as e:
+            return cpu_fallback(op, *args, why=f"not lowered for these arguments: {e}", **kwargs)
+
+    return kernel
+
+
+def _check_cast(op: str, value: ET, target: torch.dtype) -> None:
+    src = _handles.TO_TORCH[value.dtype]
+    if not torch.can_cast(src, target):
+        raise RuntimeError(f"{op}: result type {src} can't be cast to the desired output type {target}")
+
+
+def inplace_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> Callable[..., Any]:
+    """`x.foo_(...)`: the functional lowering, written back into `x`."""
+    name = op.name()
+
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        try:
+            a, k = _map_args((self,) + args, kwargs)
+            value = lowering(*a, **k)
+            if not isinstance(value, ET):
+                raise Unsupported("non-tensor result")
+        except Unsupported as e:
+            return cpu_fallback(op, self, *args, why=f"not lowered for these arguments: {e}", **kwargs)
+        if tuple(value.shape) != tuple(self.shape):
+            if value.shape and _broadcastable(tuple(value.shape), tuple(self.shape)):
+                value = value.expand(list(self.shape))
+            else:
+                raise RuntimeError(
+                    f"{name}: output with shape {list(self.shape)} doesn't match the broadcast shape {list(value.shape)}"
+                )
+        _check_cast(name, value, self.dtype)
+        write(self, value)
+        return self
+
+    return kernel
+
+
+def _broadcastable(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    if len(src) > len(dst):
+        return False
+    return all(s == d or s == 1 for s, d in zip(src[::-1], dst[::-1]))
+
+
+def out_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any], out_names: list[str]) -> Callable[..., Any]:
+    """`foo(..., out=o)`: the functional lowering, written into `o`."""
+    name = op.name()
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        outs = [kwargs.pop(n) for n in out_names]
+        if not all(is_tpu(o) for o in outs):
+            kwargs.update(zip(out_names, outs))
+            return cpu_fallback(op, *args, **kwargs)
+        try:
+            a, k = _map_args(args, kwargs)
+            values = lowering(*a, **k)
+        except Unsupported:
+            kwargs.update(zip(out_names, outs))
+            return cpu_fallback(op, *args, **kwargs)
+        values = values if isinstance(values, (tuple, list)) else (values,)
+        for o, v in zip(outs, values):
+            _check_cast(name, v, o.dtype)
+            if tuple(o.shape) != tuple(v.shape):
+                _resize(o, tuple(v.shape))
+            write(o, v)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return kernel
+
+
+def view_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """A view op: PyTorch's own meta kernel computes the layout over the
+    root; the new tensor aliases the same root."""
+
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        meta = _handles.meta_of(self)
+        try:
+            out = op(meta, *args, **kwargs)
+        except RuntimeError:
+            if op.name() not in ("aten::view", "aten::_unsafe_view", "aten::_reshape_alias"):
+                raise
+            # Our tensors report contiguous strides, so `x.t().contiguous().view(...)`
+            # reaches here without a copy: make the copy now, as contiguous() would have.
+            fresh = new_tensor(read(self))
+            return kernel(fresh, *args, **kwargs)
+        if isinstance(out, (list, tuple)):
+            return type(out)(_handles.new_view(self, m) for m in out)
+        return _handles.new_view(self, out)
+
+    return kernel
+
+
+def inplace_view_kernel(op: torch._ops.OpOverload, view: torch._ops.OpOverload) -> Callable[..., Any]:
+    """`x.squeeze_()`, `x.t_()`, ...: `x` becomes the view (its C++ metadata is
+    replaced through `.data`, which keeps the Python object)."""
+    as_view = view_kernel(view)
+
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        replacement = as_view(self, *args, **kwargs)
+        with torch.no_grad():
+            self.data = replacement
+        return self
+
+    return kernel
+
+
+def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """`_foreach_foo(lists...)`: `foo` on each element, through the dispatcher."""
+    base = op._schema.name.split("::")[1][len("_foreach_"):]
+    inplace = base.endswith("_")
+    single = getattr(aten, base)
+    # Foreach ops pass some scalars positionally that `foo` takes by keyword
+    # (`_foreach_addcmul_(..., value)` vs `addcmul_(..., *, value)`).
+    schema = getattr(single, single.overloads()[0])._schema
+    positional = sum(1 for a in schema.arguments if not a.kwarg_only)
+    keyword = [a.name for a in schema.arguments if a.kwarg_only]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+        results = []
+        for i in range(n):
+            item = [a[i] if isinstance(a, (list, tuple)) and len(a) == n else a for a in args]
+            extra = dict(zip(keyword, item[positional:]))
+            results.append(single(*item[:positional], **extra, **kwargs))
+        return None if inplace else results
+
+    return kernel
+
+
+def with_fallback(lowering: Callable[..., Any], fallback: Callable[..., Any]) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            a, k = _map_args(args, kwargs)
+            return _wrap(lowering(*a, **k))
+        except Unsupported:
+            return fallback(*args, **kwargs)
+
+    return kernel
+
+
+def cpu_twin(op: torch._ops.OpOverload, cpu_op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """Ops PyTorch routes to an `*_overrideable` hook on other devices run
+    their CPU twin (convolution for convolution_overrideable)."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        _state.count_fallback(op.name(), "no engine convolution yet")
+        cpu_args = tree_map(lambda x: to_cpu(x) if is_tpu(x) else x, args)
+        result = cpu_op(*cpu_args, **kwargs)
+        return tree_map(lambda x: from_cpu(x) if isinstance(x, torch.Tensor) else x, result)
+
+    return kernel
+
+
+def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
+    """`slice_scatter` and friends: a clone of `self` with `src` written
+    through the view. (PyTorch's own kernels clone through the storage's byte
+    size, which our storage-less tensors do not have.)"""
+
+    def kernel(self: torch.Tensor, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = aten.clone.default(self)
+        view(out, *args, **kwargs).copy_(src)
+        return out
+
+    return kernel
+
+
+# ---- copies, items, empties -------------------------------------------------
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if is_tpu(dst) and is_tpu(src):
+        value = read(src)
+        if isinstance(value, ET) and dst.dtype in _handles.TO_ENGINE:
+            value = value.cast(_handles.TO_ENGINE[dst.dtype])
+        else:
+            value = to_cpu_value(value).to(dst.dtype)
+    elif is_tpu(dst):
+        value = _handles.from_cpu_value(src.to(dst.dtype))
+    else:
+        cpu = to_cpu(src)
+        with torch.no_grad():
+            dst.copy_(cpu)
+        return dst
+    if tuple(value.shape) != tuple(dst.shape):
+        value = value.expand(list(dst.shape)) if isinstance(value, ET) else value.expand(dst.shape)
+    write(dst, value)
+    return dst
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if tuple(dst.shape) != tuple(src.shape):
+        if is_tpu(dst):
+            _resize(dst, tuple(src.shape))
+        else:
+            dst.resize_(src.shape)
+    return copy_from(src, dst)
+
+
+def local_scalar_dense(self: torch.Tensor) -> Any:
+    return to_cpu(self).item()
+
+
+def compatible_shallow_copy_type(self: torch.Tensor, from_: torch.Tensor) -> bool:
+    """Both are plain strided tensors (the same C++ TensorImpl), so `.data =`
+    may move one between the CPU and `tpu`. `Module.to("tpu")` then keeps
+    each Parameter object, and with it weight tying."""
+    return self.layout == torch.strided and from_.layout == torch.strided and not self.is_quantized \
+        and not from_.is_quantized and not self.is_nested and not from_.is_nested
+
+
+def resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
+    """Keeps the leading elements, as resizing PyTorch's storage does; new
+    elements are zeros (PyTorch leaves them uninitialized)."""
+    size = tuple(size)
+    if size == tuple(self.shape):
+        return self
+    old = read(self)
+    n_old, n_new = math.prod(self.shape), math.prod(size)
+    _resize(self, size)
+    if isinstance(old, ET) and n_old and n_new:
+        keep = old.reshape([n_old]).slice(0, 0, min(n_old, n_new), 1)
+        if n_new > n_old:
+            keep = _state.engine().cat([keep, _state.engine().full(0.0, [n_new - n_old], old.dtype)], 0)
+        write(self, keep.reshape(list(size)))
+    return self
+
+
+# ---- registration ---------------------------------------------------------------
+
+
+def _has_kernel(name: str, key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    except RuntimeError:  # no such overload
+        return False
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    returns = op._schema.returns
+    if not returns or op._schema.name.split("::")[1].endswith("_"):
+        return False
+    info = returns[0].alias_info
+    if info is None or info.is_write:
+        return False
+    first = op._schema.arguments[0] if op._schema.arguments else None
+    return first is not None and first.alias_info is not None and str(first.type) == "Tensor"
+
+
+def _inplace_view_twin(packet_name: str, overload: str) -> torch._ops.OpOverload | None:
+    """The view op `foo` of an in-place view op `foo_` (squeeze_, t_, ...)."""
+    if not packet_name.endswith("_") or packet_name.startswith("_foreach"):
+        return None
+    packet = getattr(aten, packet_name[:-1], None)
+    if packet is None or overload not in packet.overloads():
+        return None
+    view = getattr(packet, overload)
+    return view if _is_view(view) else None
+
+
+def _functional_twin(op: torch._ops.OpOverload) -> str | None:
+    """The lowering name of an in-place (`foo_.X` → `foo.X`) or `out=` overload."""
+    schema = op._schema
+    base = schema.name.split("::")[1]
+    overload = schema.overload_name
+    if base.endswith("_") and not base.startswith("_"):
+        twin = f"{base[:-1]}.{overload or 'default'}"
+        return twin if twin in LOWERINGS else None
+    out_args = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if not out_args or base.endswith("_"):
+        return None
+    want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in out_args]
+    packet = getattr(aten, base, None)
+    if packet is None:
+        return None
+    for name in packet.overloads():
+        other = getattr(packet, name)._schema
+        if other.is_mutable:
+            continue
+        if [(a.name, str(a.type)) for a in other.arguments] == want:
+            key = f"{base}.{name}"
+            return key if key in LOWERINGS else None
+    return None
+
+
+def register() -> None:
+    lib = torch.library.Library("aten", "IMPL")
+    fallback_lib = torch.library.Library("_", "IMPL")
+    _libs.extend([lib, fallback_lib])
+
+    done: set[str] = set()
+
+    def impl(name: str, fn: Callable[..., Any]) -> None:
+        lib.impl(name[: -len(".default")] if name.endswith(".default") else name, fn, "PrivateUse1")
+        done.add(name)
+
+    impl("_copy_from", copy_from)
+    impl("_copy_from_and_resize", copy_from_and_resize)
+    impl("_local_scalar_dense", local_scalar_dense)
+    impl("resize_", resize_)
+    impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
+    impl("slice_scatter", scatter_kernel(aten.slice.Tensor))
+    impl("select_scatter", scatter_kernel(aten.select.int))
+    impl("diagonal_scatter", scatter_kernel(aten.diagonal.default))
+    impl("as_strided_scatter", scatter_kernel(aten.as_strided.default))
+    impl("convolution_overrideable", with_fallback(
+        _lowerings.convolution, cpu_twin(aten.convolution_overrideable.default, aten.convolution.default)))
+    impl("convolution_backward_overrideable",
+         cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default))
+    for name, lowering in LOWERINGS.items():
+        packet, _, overload = name.partition(".")
+        try:
+            op = getattr(getattr(aten, packet), overload)
+        except AttributeError:
+            continue  # a generic table entry (e.g. `maximum.Tensor`) that this op lacks
+        if not _has_kernel(op.name(), "CompositeImplicitAutograd") and not _has_kernel(op.name(), "CPU") \
+                and not _has_kernel(op.name(), "CompositeExplicitAutograd"):
+            continue  # no such overload
+        if _has_kernel(op.name(), "CompositeImplicitAutograd"):
+            # A backend kernel would replace the decomposition that autograd differentiates.
+            continue
+        impl(name, functional_kernel(op, lowering))
+
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::"):
+            continue
+        full = qualified[len("aten::"):]
+        packet_name, _, overload = full.partition(".")
+        key = f"{packet_name}.{overload or 'default'}"
+        if key in done or packet_name in LEFT_TO_TORCH:
+            continue
+        packet = getattr(aten, packet_name, None)
+        if packet is None:
+            continue
+        try:
+            op = getattr(packet, overload or "default")
+        except AttributeError:
+            continue
+        if _has_kernel(qualified, "CompositeImplicitAutograd"):
+            continue
+        if _is_view(op):
+            impl(key, view_kernel(op))
+            continue
+        view_twin = _inplace_view_twin(packet_name, overload or "default")
+        if view_twin is not None:
+            impl(key, inplace_view_kernel(op, view_twin))
+            continue
+        if packet_name.startswith("_foreach_"):
+            single = packet_name[len("_foreach_"):]
+            if hasattr(aten, single) and not overload.startswith("out") and "out" not in overload:
+                impl(key, foreach_kernel(op))
+                continue
+        twin = _functional_twin(op)
+        if twin is not None:
+            base = packet_name
+            if base.endswith("_"):
+                impl(key, inplace_kernel(op, LOWERINGS[twin]))
+            else:
+                outs = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+                impl(key, out_kernel(op, LOWERINGS[twin], outs))
+            continue
+        # No decomposition in C++: run on the CPU explicitly (the catch-all
+        # fallback below would let composite kernels call `.out` variants on
+        # zero-size outputs instead).
+        if _has_kernel(qualified, "CPU") and not _has_kernel(qualified, "CompositeExplicitAutograd"):
+            impl(key, (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op))
+
+    fallback_lib.fallback(lambda op, *a, **k: cpu_fallback(op, *a, **k), "PrivateUse1")

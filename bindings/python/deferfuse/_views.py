@@ -1,0 +1,191 @@
+"""Views as engine ops. A view is (sizes, strides, offset) over the row-major
+elements of its root, exactly as PyTorch lays it out. Reading one lowers that
+layout to engine ops on the flattened root: pad to a whole number of rows,
+reshape into a "box" grid whose dimensions have the view's strides, slice the
+box, permute into the view's order and expand broadcast dimensions. Writing
+scatters the box back with a mask. Layouts that do not fit a box grid (e.g.
+overlapping windows) go through the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import _engine, _state
+
+Spec = tuple[tuple[int, ...], tuple[int, ...], int]
+
+
+@dataclass(frozen=True)
+class Plan:
+    padded: int  # elements of the flattened root after zero padding
+    grid: list[int]  # the box grid the flat root is reshaped into
+    starts: list[int]  # where the box starts along each grid dimension
+    lengths: list[int]  # the box's length along each grid dimension
+    box_shape: list[int]  # the box without the grid's inner remainder dimension
+    perm: list[int]  # from stride order to the view's order of real dims
+    real_shape: list[int]  # the view's sizes with broadcast dims set to 1
+    sizes: list[int]
+    broadcast: bool
+
+
+def plan(numel: int, spec: Spec) -> Plan | None:
+    sizes, strides, offset = spec
+    real = [i for i, n in enumerate(sizes) if n > 1 and strides[i] != 0]
+    order = sorted(real, key=lambda i: -strides[i])
+    ss = [strides[i] for i in order]
+    if len(set(ss)) != len(ss) or any(s < 0 for s in ss):
+        return None
+    end = offset + sum((sizes[i] - 1) * strides[i] for i in real) + 1
+    if any(n == 0 for n in sizes):
+        return None
+    outer = ss[0] if ss else 1
+    padded = max(numel, end)
+    padded = -(-padded // outer) * outer
+    grid = [padded // outer]
+    for a, b in zip(ss, ss[1:]):
+        if a % b:
+            return None
+        grid.append(a // b)
+    inner = ss[-1] if ss else 1
+    if ss:
+        grid.append(inner)
+    else:
+        grid = [padded]
+    starts, o = [], offset
+    for s in ss:
+        starts.append(o // s)
+        o %= s
+    starts.append(o)
+    lengths = [sizes[i] for i in order] + [1]
+    if not ss:
+        starts, lengths = [offset], [1]
+    if any(a + n > g for a, n, g in zip(starts, lengths, grid)):
+        return None
+    perm = [order.index(i) for i in real]
+    real_shape = [sizes[i] if i in real else 1 for i in range(len(sizes))]
+    broadcast = any(n > 1 and strides[i] == 0 for i, n in enumerate(sizes))
+    return Plan(padded, grid, starts, lengths, [sizes[i] for i in order], perm, real_shape, list(sizes), broadcast)
+
+
+def _flat_padded(root: _engine.Tensor, padded: int) -> _engine.Tensor:
+    numel = math.prod(root.shape)
+    flat = root.reshape([numel])
+    if padded > numel:
+        pad = _state.engine().full(0.0, [padded - numel], root.dtype)
+        flat = _state.engine().cat([flat, pad], 0)
+    return flat
+
+
+def _is_reshape(numel: int, spec: Spec) -> bool:
+    sizes, strides, offset = spec
+    expected, acc = [], 1
+    for n in reversed(sizes):
+        expected.append(acc)
+        acc *= max(n, 1)
+    return offset == 0 and math.prod(sizes) == numel and all(
+        n == 1 or s == e for n, s, e in zip(sizes, strides, reversed(expected))
+    )
+
+
+def read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
+    numel = math.prod(root.shape)
+    if any(n == 0 for n in spec[0]):
+        return _state.engine().full(0.0, list(spec[0]), root.dtype)
+    if _is_reshape(numel, spec):
+        return root.reshape(list(spec[0]))
+    p = plan(numel, spec)
+    if p is None:
+        return _via_cpu_read(root, spec)
+    sizes, _, offset = spec
+    if p.grid == [p.padded] or len(p.grid) == 1:
+        v = _flat_padded(root, p.padded).slice(0, offset, offset + 1, 1)
+        return v.reshape([1] * len(sizes)).expand(list(sizes))
+    v = _flat_padded(root, p.padded).reshape(p.grid)
+    for axis, (a, n, g) in enumerate(zip(p.starts, p.lengths, p.grid)):
+        if a != 0 or n != g:
+            v = v.slice(axis, a, a + n, 1)
+    v = v.reshape(p.box_shape)
+    if p.perm != sorted(p.perm):
+        v = v.permute(p.perm)
+    v = v.reshape(p.real_shape)
+    if p.broadcast:
+        v = v.expand(p.sizes)
+    return v
+
+
+def write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Tensor:
+    """The root after writing `value` (of the view's shape) through the view."""
+    shape = list(root.shape)
+    numel = math.prod(shape)
+    if _is_reshape(numel, spec):
+        return value.cast(root.dtype).reshape(shape)
+    p = plan(numel, spec)
+    if p is None or p.broadcast:
+        if p is not None and p.broadcast:
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor refers to a single "
+                "memory location. Please clone() the tensor before performing the operation."
+            )
+        return _via_cpu_write(root, spec, value)
+    eng = _state.engine()
+    if len(p.grid) == 1:
+        # One element of the flat root.
+        return _scatter_flat(root, spec[2], value.reshape([1]))
+    inverse = [p.perm.index(i) for i in range(len(p.perm))]
+    box = value.reshape([n for n in p.real_shape if n > 1] or [1])
+    if p.perm != sorted(p.perm):
+        box = box.permute(inverse)
+    box = box.reshape(p.lengths)
+    # Embed the box into the grid: zeros around it, and a mask of where it is.
+    mask = eng.full(1.0, p.lengths, "bool")
+    for axis, (a, n, g) in enumerate(zip(p.starts, p.lengths, p.grid)):
+        if n == g:
+            continue
+        parts_v, parts_m = [], []
+        before, after = a, g - a - n
+        for width, piece_v, piece_m in ((before, None, None), (None, box, mask), (after, None, None)):
+            if piece_v is not None:
+                parts_v.append(piece_v)
+                parts_m.append(piece_m)
+            elif width:
+                pad_shape = list(box.shape)
+                pad_shape[axis] = width
+                parts_v.append(eng.full(0.0, pad_shape, box.dtype))
+                parts_m.append(eng.full(0.0, pad_shape, "bool"))
+        box, mask = eng.cat(parts_v, axis), eng.cat(parts_m, axis)
+    grid_root = _flat_padded(root, p.padded).reshape(p.grid)
+    merged = mask.where_(box.cast(root.dtype), grid_root)
+    return merged.reshape([p.padded]).slice(0, 0, numel, 1).reshape(shape)
+
+
+def _scatter_flat(root: _engine.Tensor, offset: int, flat_value: _engine.Tensor) -> _engine.Tensor:
+    shape = list(root.shape)
+    numel = math.prod(shape)
+    flat = root.reshape([numel])
+    n = flat_value.shape[0]
+    parts = []
+    if offset:
+        parts.append(flat.slice(0, 0, offset, 1))
+    parts.append(flat_value.cast(root.dtype))
+    if offset + n < numel:
+        parts.append(flat.slice(0, offset + n, numel, 1))
+    return _state.engine().cat(parts, 0).reshape(shape)
+
+
+def _via_cpu_read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
+    from . import _handles
+
+    _state.count_fallback("aten::as_strided (read of an overlapping view)")
+    cpu = _handles.to_cpu_value(root)
+    return _handles.from_cpu_value(cpu.as_strided(*spec).contiguous())
+
+
+def _via_cpu_write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Tensor:
+    from . import _handles
+
+    _state.count_fallback("aten::as_strided (write through an overlapping view)")
+    cpu = _handles.to_cpu_value(root).clone()
+    cpu.as_strided(*spec).copy_(_handles.to_cpu_value(value))
+    return _handles.from_cpu_value(cpu)

@@ -1,0 +1,13 @@
+"""aten ops as engine ops. Each lowering gets the op's arguments with `tpu`
+tensors replaced by engine tensors (and CPU zero-dimensional tensors by Python
+numbers) and returns engine tensors. It raises `Unsupported` for arguments it
+does not handle, and the op then runs through the CPU fallback.
+
+One module per family; importing them fills `LOWERINGS`.
+"""
+
+from . import elementwise, factories, lookups, matmul, nn, reductions  # noqa: F401  (they register)
+from ._registry import LOWERINGS, Unsupported
+from .matmul import convolution
+
+__all__ = ["LOWERINGS", "Unsupported", "convolution"]

@@ -1,0 +1,380 @@
+"""Elementwise aten ops, activations and their gradients."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from .._engine import Tensor as ET
+from ._registry import LOWERINGS, Unsupported, eng, is_float, lower, need_tensor
+
+
+UNARY = {
+    "abs": "abs", "neg": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal", "tanh": "tanh", "sigmoid": "sigmoid", "relu": "relu", "silu": "silu",
+    "sin": "sin", "cos": "cos", "floor": "floor", "sign": "sign", "sgn": "sign", "logical_not": "logical_not",
+}
+
+
+for _aten, _name in UNARY.items():
+    LOWERINGS[f"{_aten}.default"] = (lambda name: lambda self: self.unary(name))(_name)
+
+
+def _float_unary(x: ET) -> ET:
+    return x if is_float(x) else x.cast("f32")
+
+
+@lower("gelu.default")
+def gelu(self: ET, approximate: str = "none") -> ET:
+    return self.unary("gelu_tanh" if approximate == "tanh" else "gelu")
+
+
+@lower("square.default")
+def square(self: ET) -> ET:
+    return self.binary("mul", self) if self.dtype != "bool" else self.cast("i64").binary("mul", self.cast("i64"))
+
+
+@lower("ceil.default")
+def ceil(self: ET) -> ET:
+    return self.unary("neg").unary("floor").unary("neg") if is_float(self) else self
+
+
+@lower("trunc.default", "fix.default")
+def trunc(self: ET) -> ET:
+    return self.unary("sign").binary("mul", self.unary("abs").unary("floor")) if is_float(self) else self
+
+
+@lower("frac.default")
+def frac(self: ET) -> ET:
+    return self.binary("sub", trunc(self))
+
+
+@lower("log2.default")
+def log2(self: ET) -> ET:
+    return _float_unary(self).unary("log").binary("mul", 1.0 / math.log(2.0))
+
+
+@lower("log10.default")
+def log10(self: ET) -> ET:
+    return _float_unary(self).unary("log").binary("mul", 1.0 / math.log(10.0))
+
+
+@lower("tan.default")
+def tan(self: ET) -> ET:
+    x = _float_unary(self)
+    return x.unary("sin").binary("div", x.unary("cos"))
+
+
+@lower("exp2.default")
+def exp2(self: ET) -> ET:
+    return _float_unary(self).binary("mul", math.log(2.0)).unary("exp")
+
+
+@lower("isnan.default")
+def isnan(self: ET) -> ET:
+    return self.binary("ne", self) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("isinf.default")
+def isinf(self: ET) -> ET:
+    return self.unary("abs").binary("eq", float("inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("isposinf.default")
+def isposinf(self: ET) -> ET:
+    return self.binary("eq", float("inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("isneginf.default")
+def isneginf(self: ET) -> ET:
+    return self.binary("eq", float("-inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+
+
+@lower("positive.default")
+def positive(self: ET) -> ET:
+    return self
+
+
+def _alpha(other: Any, alpha: Any) -> Any:
+    if alpha is None or alpha == 1:
+        return other
+    if isinstance(other, ET):
+        return other.binary("mul", alpha)
+    return other * alpha
+
+
+@lower("sub.Tensor", "sub.Scalar")
+def sub(self: Any, other: Any, alpha: Any = 1) -> ET:
+    need_tensor(self)
+    if self.dtype == "bool":
+        raise Unsupported("bool subtraction")
+    return self.binary("sub", _alpha(other, alpha))
+
+
+@lower("rsub.Tensor", "rsub.Scalar")
+def rsub(self: Any, other: Any, alpha: Any = 1) -> ET:
+    need_tensor(self)
+    scaled = _alpha(self, alpha)
+    if isinstance(other, ET):
+        return other.binary("sub", scaled)
+    return scaled.unary("neg").binary("add", other)
+
+
+BINARY = {
+    "mul": "mul", "maximum": "maximum", "minimum": "minimum", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
+    "gt": "gt", "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
+    "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne",
+}
+
+
+BOOL_AS_LOGICAL = {"mul": "logical_and", "maximum": "logical_or", "minimum": "logical_and"}
+
+
+def _is_bool(x: Any) -> bool:
+    return x.dtype == "bool" if isinstance(x, ET) else isinstance(x, bool)
+
+
+def _binary(name: str) -> Callable[..., ET]:
+    def run(self: Any, other: Any) -> ET:
+        if name in BOOL_AS_LOGICAL and _is_bool(self) and _is_bool(other):
+            return logical(BOOL_AS_LOGICAL[name], self, other)
+        if not isinstance(self, ET):
+            need_tensor(other)
+            if name in ("mul", "maximum", "minimum", "eq", "ne", "logical_and", "logical_or"):
+                return other.binary(name, self)
+            raise Unsupported("scalar left operand")
+        return self.binary(name, other)
+
+    return run
+
+
+for _aten, _name in BINARY.items():
+    LOWERINGS[f"{_aten}.Tensor"] = LOWERINGS[f"{_aten}.Scalar"] = LOWERINGS[f"{_aten}.default"] = _binary(_name)
+
+
+def logical(name: str, a: Any, b: Any) -> ET:
+    if not isinstance(a, ET):
+        a, b = b, a
+    return a.binary(name, b)
+
+
+def _bitwise(name: str) -> Callable[..., ET]:
+    def run(self: Any, other: Any) -> ET:
+        if not (_is_bool(self) and _is_bool(other)):
+            raise Unsupported("bitwise ops on integers")
+        return logical_xor(self, other) if name == "xor" else logical(f"logical_{name}", self, other)
+
+    return run
+
+
+for _name in ("and", "or", "xor"):
+    LOWERINGS[f"bitwise_{_name}.Tensor"] = LOWERINGS[f"bitwise_{_name}.Scalar"] = _bitwise(_name)
+
+
+@lower("add.Tensor", "add.Scalar")
+def add(self: Any, other: Any, alpha: Any = 1) -> ET:
+    need_tensor(self)
+    if _is_bool(self) and _is_bool(other):
+        return logical("logical_or", self, other)
+    return self.binary("add", _alpha(other, alpha))
+
+
+@lower("logical_xor.default")
+def logical_xor(self: ET, other: Any) -> ET:
+    a = self.cast("bool")
+    b = other.cast("bool") if isinstance(other, ET) else bool(other)
+    return a.binary("ne", b)
+
+
+@lower("div.Tensor", "div.Scalar")
+def div(self: Any, other: Any) -> ET:
+    need_tensor(self)
+    return self.binary("div", other)
+
+
+@lower("div.Tensor_mode", "div.Scalar_mode")
+def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
+    need_tensor(self)
+    q = self.binary("div", other)
+    if rounding_mode is None:
+        return q
+    if not is_float(self) or (isinstance(other, ET) and not is_float(other)) or isinstance(other, int):
+        raise Unsupported("integer division with rounding")
+    return q.unary("floor") if rounding_mode == "floor" else trunc(q)
+
+
+@lower("remainder.Tensor", "remainder.Scalar")
+def remainder(self: Any, other: Any) -> ET:
+    need_tensor(self)
+    if not is_float(self):
+        raise Unsupported("integer remainder")
+    return self.binary("sub", self.binary("div", other).unary("floor").binary("mul", other))
+
+
+@lower("fmod.Tensor", "fmod.Scalar")
+def fmod(self: Any, other: Any) -> ET:
+    need_tensor(self)
+    if not is_float(self):
+        raise Unsupported("integer fmod")
+    return self.binary("sub", trunc(self.binary("div", other)).binary("mul", other))
+
+
+@lower("pow.Tensor_Tensor", "pow.Tensor_Scalar")
+def pow_(self: ET, exponent: Any) -> ET:
+    if exponent == 2 and not isinstance(exponent, ET):
+        return self.binary("mul", self) if self.dtype != "bool" else pow_(self.cast("i64"), 2)
+    if not isinstance(exponent, ET) and not is_float(self) and (isinstance(exponent, float) or exponent < 0):
+        raise Unsupported("integer base with a fractional or negative exponent")
+    return self.binary("pow", exponent)
+
+
+@lower("pow.Scalar")
+def pow_scalar(self: Any, exponent: ET) -> ET:
+    dtype = "f32" if isinstance(self, float) and not is_float(exponent) else exponent.dtype
+    if not is_float(exponent) and not isinstance(self, float):
+        raise Unsupported("integer power of a scalar")
+    return eng().full(float(self), [], dtype).binary("pow", exponent)
+
+
+@lower("where.self")
+def where(condition: ET, self: Any, other: Any) -> ET:
+    need_tensor(condition)
+    return condition.where_(self, other)
+
+
+@lower("where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def where_scalar(condition: ET, self: Any, other: Any) -> ET:
+    return where(condition, self, other)
+
+
+@lower("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(self: ET, mask: ET, value: Any) -> ET:
+    if isinstance(value, ET):
+        value = value.cast(self.dtype)
+    out = mask.where_(value, self)
+    return out.cast(self.dtype) if out.dtype != self.dtype else out
+
+
+@lower("clamp.default", "clip.default")
+def clamp(self: ET, min: Any = None, max: Any = None) -> ET:
+    out = self
+    if min is not None:
+        out = out.binary("maximum", min)
+    if max is not None:
+        out = out.binary("minimum", max)
+    return out
+
+
+@lower("clamp.Tensor", "clip.Tensor")
+def clamp_tensor(self: ET, min: Any = None, max: Any = None) -> ET:
+    return clamp(self, min, max)
+
+
+@lower("clamp_min.default")
+def clamp_min(self: ET, min: Any) -> ET:
+    return self.binary("maximum", min)
+
+
+@lower("clamp_max.default")
+def clamp_max(self: ET, max: Any) -> ET:
+    return self.binary("minimum", max)
+
+
+@lower("hardtanh.default")
+def hardtanh(self: ET, min_val: float = -1.0, max_val: float = 1.0) -> ET:
+    return clamp(self, min_val, max_val)
+
+
+@lower("relu6.default")
+def relu6(self: ET) -> ET:
+    return clamp(self, 0, 6)
+
+
+@lower("leaky_relu.default")
+def leaky_relu(self: ET, negative_slope: float = 0.01) -> ET:
+    return self.binary("gt", 0).where_(self, self.binary("mul", negative_slope))
+
+
+@lower("elu.default")
+def elu(self: ET, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> ET:
+    neg = self.binary("mul", input_scale).unary("exp").binary("sub", 1.0).binary("mul", alpha)
+    return self.binary("gt", 0).where_(self, neg).binary("mul", scale)
+
+
+@lower("hardsigmoid.default")
+def hardsigmoid(self: ET) -> ET:
+    return clamp(self.binary("div", 6.0).binary("add", 0.5), 0.0, 1.0)
+
+
+@lower("hardswish.default")
+def hardswish(self: ET) -> ET:
+    return self.binary("mul", hardsigmoid(self))
+
+
+@lower("softplus.default")
+def softplus(self: ET, beta: float = 1.0, threshold: float = 20.0) -> ET:
+    bx = self.binary("mul", beta)
+    soft = bx.unary("exp").binary("add", 1.0).unary("log").binary("div", beta)
+    return bx.binary("gt", threshold).where_(self, soft)
+
+
+@lower("lerp.Scalar", "lerp.Tensor")
+def lerp(self: ET, end: ET, weight: Any) -> ET:
+    return self.binary("add", end.binary("sub", self).binary("mul", weight))
+
+
+@lower("addcmul.default")
+def addcmul(self: ET, tensor1: ET, tensor2: ET, value: Any = 1) -> ET:
+    return self.binary("add", _alpha(tensor1.binary("mul", tensor2), value))
+
+
+@lower("addcdiv.default")
+def addcdiv(self: ET, tensor1: ET, tensor2: ET, value: Any = 1) -> ET:
+    if not is_float(tensor1) and not is_float(tensor2):
+        raise Unsupported("integer addcdiv")
+    return self.binary("add", _alpha(tensor1.binary("div", tensor2), value))
+
+
+@lower("threshold_backward.default")
+def threshold_backward(grad_output: ET, self: ET, threshold: Any) -> ET:
+    return self.binary("gt", threshold).where_(grad_output, 0)
+
+
+@lower("threshold.default")
+def threshold(self: ET, threshold: Any, value: Any) -> ET:
+    return self.binary("gt", threshold).where_(self, value).cast(self.dtype)
+
+
+@lower("sigmoid_backward.default")
+def sigmoid_backward(grad_output: ET, output: ET) -> ET:
+    return grad_output.binary("mul", output.binary("mul", output.unary("neg").binary("add", 1.0)))
+
+
+@lower("tanh_backward.default")
+def tanh_backward(grad_output: ET, output: ET) -> ET:
+    return grad_output.binary("mul", output.binary("mul", output).unary("neg").binary("add", 1.0))
+
+
+@lower("silu_backward.default")
+def silu_backward(grad_output: ET, self: ET) -> ET:
+    s = self.unary("sigmoid")
+    return grad_output.binary("mul", s.binary("mul", self.binary("mul", s.unary("neg").binary("add", 1.0)).binary("add", 1.0)))
+
+
+@lower("gelu_backward.default")
+def gelu_backward(grad_output: ET, self: ET, approximate: str = "none") -> ET:
+    x = self
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        inner = x.binary("add", x.binary("mul", x).binary("mul", x).binary("mul", 0.044715)).binary("mul", k)
+        t = inner.unary("tanh")
+        dinner = x.binary("mul", x).binary("mul", 3 * 0.044715).binary("add", 1.0).binary("mul", k)
+        d = t.binary("add", 1.0).binary("mul", 0.5).binary(
+            "add", x.binary("mul", 0.5).binary("mul", t.binary("mul", t).unary("neg").binary("add", 1.0)).binary("mul", dinner)
+        )
+        return grad_output.binary("mul", d)
+    # d/dx x*Phi(x) = Phi(x) + x*phi(x); Phi(x) = gelu(x)/x away from 0, 1/2 at 0.
+    pdf = x.binary("mul", x).binary("mul", -0.5).unary("exp").binary("mul", 1.0 / math.sqrt(2.0 * math.pi))
+    safe = x.binary("eq", 0).where_(1.0, x)
+    cdf = x.binary("eq", 0).where_(0.5, x.unary("gelu").binary("div", safe))
+    return grad_output.binary("mul", cdf.binary("add", x.binary("mul", pdf)))

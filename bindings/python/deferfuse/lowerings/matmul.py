@@ -1,0 +1,102 @@
+"""Matrix products, and convolution as im2col and one batched matmul."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._engine import Tensor as ET
+from ._registry import Unsupported, eng, is_float, lower
+from .elementwise import _alpha
+from .lookups import _check_size
+from .nn import _offsets, _pool_param
+
+
+def _mm_check(a: ET, b: ET) -> None:
+    if a.dtype != b.dtype or not is_float(a):
+        raise Unsupported("matmul of mixed or integer dtypes")
+
+
+@lower("mm.default", "bmm.default")
+def mm(self: ET, mat2: ET) -> ET:
+    _mm_check(self, mat2)
+    return self.matmul(mat2)
+
+
+@lower("dot.default", "mv.default")
+def dot(self: ET, tensor: ET) -> ET:
+    _mm_check(self, tensor)
+    return self.matmul(tensor)
+
+
+@lower("addmm.default", "baddbmm.default")
+def addmm(self: ET, mat1: ET, mat2: ET, *, beta: Any = 1, alpha: Any = 1) -> ET:
+    _mm_check(mat1, mat2)
+    prod = _alpha(mat1.matmul(mat2), alpha)
+    if beta == 0:
+        return prod
+    return prod.binary("add", _alpha(self, beta))
+
+
+@lower("addmv.default")
+def addmv(self: ET, mat: ET, vec: ET, *, beta: Any = 1, alpha: Any = 1) -> ET:
+    return addmm(self, mat, vec, beta=beta, alpha=alpha)
+
+
+def _columns(input: ET, k: list[int], s: list[int], p: list[int], d: list[int], out: list[int]) -> ET:
+    """im2col: the input under each kernel offset, [N, C, prod(k), *out]."""
+    batch, channels = input.shape[0], input.shape[1]
+    x = input
+    for axis, pp in enumerate(p):
+        if pp:
+            shape = list(x.shape)
+            shape[2 + axis] = pp
+            zeros = eng().full(0.0, shape, x.dtype)
+            x = eng().cat([zeros, x, zeros], 2 + axis)
+    columns = []
+    for offset in _offsets(k):
+        window = x
+        for axis, (o, ss, dd, off) in enumerate(zip(out, s, d, offset)):
+            window = window.slice(2 + axis, off * dd, off * dd + (o - 1) * ss + 1, ss)
+        columns.append(window.reshape([batch, channels, 1] + out))
+    return eng().cat(columns, 2) if len(columns) > 1 else columns[0]
+
+
+@lower("im2col.default")
+def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> ET:
+    if len(self.shape) not in (3, 4) or not is_float(self) or math.prod(self.shape) == 0:
+        raise Unsupported("im2col of an unbatched-3d, integer or empty input")
+    batched = self if len(self.shape) == 4 else self.reshape([1] + list(self.shape))
+    k, d, p, s = (_pool_param(v, 2, 1) for v in (kernel_size, dilation, padding, stride))
+    out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(batched.shape[2:], k, s, p, d)]
+    if any(o <= 0 for o in out):
+        raise Unsupported("im2col window larger than the input")
+    n, c = batched.shape[0], batched.shape[1]
+    cols = _columns(batched, k, s, p, d, out).reshape([n, c * math.prod(k), math.prod(out)])
+    return cols if len(self.shape) == 4 else cols.reshape(list(cols.shape[1:]))
+
+
+def convolution(input: ET, weight: ET, bias: ET | None, stride: Any, padding: Any, dilation: Any,
+                transposed: bool, output_padding: Any, groups: int) -> ET:
+    """A convolution as the kernel's strided slices of the padded input
+    (im2col) and one batched matmul with the weight, per group."""
+    n = len(weight.shape) - 2
+    if transposed or len(input.shape) != n + 2 or not is_float(input) or input.dtype != weight.dtype \
+            or math.prod(input.shape) == 0 or math.prod(weight.shape) == 0:
+        raise Unsupported("transposed, unbatched, integer or empty convolution")
+    s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
+    k = list(weight.shape[2:])
+    batch, channels = input.shape[0], input.shape[1]
+    spatial = list(input.shape[2:])
+    out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(spatial, k, s, p, d)]
+    if any(o <= 0 for o in out):
+        raise Unsupported("convolution window larger than the input")
+    _check_size(batch * channels * math.prod(k), math.prod(out))
+    cols = _columns(input, k, s, p, d, out)  # [N, C, K, *out]
+    per_group = channels // groups
+    cols = cols.reshape([batch, groups, per_group * math.prod(k), math.prod(out)])
+    w = weight.reshape([1, groups, weight.shape[0] // groups, per_group * math.prod(k)])
+    y = w.matmul(cols).reshape([batch, weight.shape[0]] + out)
+    if bias is not None:
+        y = y.binary("add", bias.reshape([1, weight.shape[0]] + [1] * n))
+    return y

@@ -1,0 +1,292 @@
+"""Softmax, LayerNorm, max pooling and the NLL loss, forward and backward."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .._engine import Tensor as ET
+from ._registry import Unsupported, dt, eng, is_float, lower
+from .lookups import _check_size, _one_hot
+
+
+@lower("_softmax.default")
+def softmax(self: ET, dim: int, half_to_float: bool) -> ET:
+    x = self.cast("f32") if half_to_float else self
+    return x.softmax(dim) if len(x.shape) else x.binary("mul", 0).binary("add", 1.0)
+
+
+@lower("_log_softmax.default")
+def log_softmax(self: ET, dim: int, half_to_float: bool) -> ET:
+    x = self.cast("f32") if half_to_float else self
+    return x.log_softmax(dim) if len(x.shape) else x.binary("mul", 0)
+
+
+@lower("_softmax_backward_data.default")
+def softmax_backward(grad_output: ET, output: ET, dim: int, input_dtype: torch.dtype) -> ET:
+    g = grad_output.binary("mul", output)
+    out = g.binary("sub", output.binary("mul", g.reduce("sum", [dim], True)) if len(output.shape) else g)
+    return out.cast(dt(input_dtype))
+
+
+@lower("_log_softmax_backward_data.default")
+def log_softmax_backward(grad_output: ET, output: ET, dim: int, input_dtype: torch.dtype) -> ET:
+    total = grad_output.reduce("sum", [dim], True) if len(output.shape) else grad_output
+    return grad_output.binary("sub", output.unary("exp").binary("mul", total)).cast(dt(input_dtype))
+
+
+def _norm_axes(x: ET, normalized_shape: Any) -> list[int]:
+    n = len(normalized_shape)
+    if n == 0 or n > len(x.shape) or list(x.shape[len(x.shape) - n :]) != list(normalized_shape):
+        raise Unsupported("normalized_shape does not match")
+    return list(range(len(x.shape) - n, len(x.shape)))
+
+
+@lower("native_layer_norm.default")
+def native_layer_norm(input: ET, normalized_shape: Any, weight: ET | None, bias: ET | None, eps: float) -> tuple[ET, ET, ET]:
+    if not is_float(input) or math.prod(input.shape) == 0:
+        raise Unsupported("layer_norm of a non-float or empty tensor")
+    axes = _norm_axes(input, normalized_shape)
+    x = input.cast("f32")
+    mean = x.reduce("mean", axes, True)
+    centered = x.binary("sub", mean)
+    rstd = centered.binary("mul", centered).reduce("mean", axes, True).binary("add", eps).unary("rsqrt")
+    y = centered.binary("mul", rstd)
+    if weight is not None:
+        y = y.binary("mul", weight.cast("f32"))
+    if bias is not None:
+        y = y.binary("add", bias.cast("f32"))
+    return y.cast(input.dtype), mean.cast(input.dtype), rstd.cast(input.dtype)
+
+
+@lower("native_layer_norm_backward.default")
+def native_layer_norm_backward(
+    grad_out: ET, input: ET, normalized_shape: Any, mean: ET, rstd: ET, weight: ET | None, bias: ET | None, output_mask: Any
+) -> tuple[Any, Any, Any]:
+    axes = _norm_axes(input, normalized_shape)
+    batch = list(range(len(input.shape) - len(axes)))
+    x, g = input.cast("f32"), grad_out.cast("f32")
+    xhat = x.binary("sub", mean.cast("f32")).binary("mul", rstd.cast("f32"))
+    gw = g.binary("mul", weight.cast("f32")) if weight is not None else g
+    dx = None
+    if output_mask[0]:
+        a = gw.reduce("mean", axes, True)
+        b = gw.binary("mul", xhat).reduce("mean", axes, True)
+        dx = gw.binary("sub", a).binary("sub", xhat.binary("mul", b)).binary("mul", rstd.cast("f32")).cast(input.dtype)
+    dw = g.binary("mul", xhat).reduce("sum", batch, False).cast(weight.dtype) if output_mask[1] and weight is not None else None
+    db = g.reduce("sum", batch, False).cast(bias.dtype) if output_mask[2] and bias is not None else None
+    return dx, dw, db
+
+
+def _pool_param(value: Any, n: int, default: Any) -> list[int]:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        value = default
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    return values * n if len(values) == 1 else values
+
+
+def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool) -> tuple[ET, ET]:
+    """Max pooling as the maximum over the k^n strided slices of a padded
+    input, with PyTorch's index (first maximum wins, NaN wins) into each
+    input plane."""
+    if not is_float(self) or len(self.shape) not in (n + 1, n + 2) or math.prod(self.shape) == 0:
+        raise Unsupported("max pooling of a non-float or empty tensor")
+    k = _pool_param(kernel_size, n, None)
+    s = _pool_param(stride, n, k)
+    p = _pool_param(padding, n, 0)
+    d = _pool_param(dilation, n, 1)
+    spatial = list(self.shape[-n:])
+    out_sizes = []
+    for size, kk, ss, pp, dd in zip(spatial, k, s, p, d):
+        span = size + 2 * pp - dd * (kk - 1) - 1
+        o = (-(-span // ss) if ceil_mode else span // ss) + 1
+        if ceil_mode and (o - 1) * ss >= size + pp:
+            o -= 1
+        if o <= 0 or pp > kk // 2:
+            raise Unsupported("pooling window larger than the input")
+        out_sizes.append(o)
+    # Pad with zeros beside a validity mask rather than with -inf, so no op
+    # produces an infinity of its own (Debug mode checks every op).
+    x, valid = self, eng().full(1.0, list(self.shape), "bool")
+    rank = len(self.shape)
+    for axis, (size, kk, ss, pp, dd, o) in enumerate(zip(spatial, k, s, p, d, out_sizes)):
+        dim = rank - n + axis
+        need = (o - 1) * ss + dd * (kk - 1) + 1
+        right = need - size - pp
+        if right < 0:
+            x, valid = x.slice(dim, 0, size + right, 1), valid.slice(dim, 0, size + right, 1)
+        for width, before in ((pp, True), (max(right, 0), False)):
+            if not width:
+                continue
+            shape = list(x.shape)
+            shape[dim] = width
+            pad_x, pad_v = eng().full(0.0, shape, x.dtype), eng().full(0.0, shape, "bool")
+            x = eng().cat([pad_x, x] if before else [x, pad_x], dim)
+            valid = eng().cat([pad_v, valid] if before else [valid, pad_v], dim)
+    # Flat index of each window element in its input plane, per kernel offset.
+    plane = 1
+    strides_in_plane = []
+    for size in reversed(spatial):
+        strides_in_plane.append(plane)
+        plane *= size
+    strides_in_plane.reverse()
+    best = best_index = best_valid = None
+    for offset in _offsets(k):
+        window, window_valid = x, valid
+        index = None
+        for axis, (o, kk, ss, pp, dd, off) in enumerate(zip(out_sizes, k, s, p, d, offset)):
+            dim = rank - n + axis
+            start = off * dd
+            window = window.slice(dim, start, start + (o - 1) * ss + 1, ss)
+            window_valid = window_valid.slice(dim, start, start + (o - 1) * ss + 1, ss)
+            shape = [1] * n
+            shape[axis] = o
+            coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp).reshape(shape)
+            term = coord.binary("mul", strides_in_plane[axis])
+            index = term if index is None else index.binary("add", term)
+        if best is None:
+            best, best_index, best_valid = window, index.expand(list(window.shape)), window_valid
+            continue
+        # PyTorch keeps the first maximum, and a NaN wins.
+        better = window.binary("gt", best).binary("logical_or", window.binary("ne", window))
+        take = window_valid.binary("logical_and", better.binary("logical_or", best_valid.unary("logical_not")))
+        best = take.where_(window, best)
+        best_index = take.where_(index, best_index)
+        best_valid = best_valid.binary("logical_or", window_valid)
+    return best, best_index
+
+
+def _offsets(k: list[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for kk in k:
+        out = [o + (i,) for o in out for i in range(kk)]
+    return out
+
+
+def _scatter_to_planes(values: ET, indices: ET, planes: list[int], plane_shape: list[int], accumulate: bool) -> ET:
+    """out[plane, p] = the values[plane, o] whose indices[plane, o] == p,
+    summed (max pooling's gradient) or assigned (max_unpool: repeated indices
+    come from overlapping windows and carry the same value), as a masked sum."""
+    o = math.prod(values.shape[len(planes):])
+    size = math.prod(plane_shape)
+    _check_size(math.prod(planes) * o, size)
+    v = values.reshape(planes + [o, 1])
+    mask = _one_hot(indices.reshape(planes + [o]).cast("i64"), size)  # [*planes, o, size]
+    axis = len(planes)
+    out = mask.where_(v, eng().full(0.0, [], values.dtype)).reduce("sum", [axis], False)
+    if not accumulate:
+        # Repeated indices carry the same value: their mean is that value.
+        count = mask.cast(values.dtype).reduce("sum", [axis], False)
+        out = out.binary("div", count.binary("maximum", 1.0))
+    return out.reshape(planes + plane_shape)
+
+
+def _max_pool_backward(grad_output: ET, self: ET, indices: ET, n: int) -> ET:
+    if not is_float(self) or math.prod(self.shape) == 0:
+        raise Unsupported("max pooling gradient of an integer or empty tensor")
+    planes = list(self.shape[:-n])
+    return _scatter_to_planes(grad_output, indices, planes, list(self.shape[-n:]), accumulate=True)
+
+
+@lower("max_pool2d_with_indices_backward.default")
+def max_pool2d_backward(grad_output: ET, self: ET, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, indices: ET) -> ET:
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lower("max_pool3d_with_indices_backward.default")
+def max_pool3d_backward(grad_output: ET, self: ET, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, indices: ET) -> ET:
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+def _max_unpool(self: ET, indices: ET, output_size: Any, n: int) -> ET:
+    if not is_float(self) or math.prod(self.shape) == 0 or len(self.shape) not in (n + 1, n + 2):
+        raise Unsupported("max_unpool of an integer or empty tensor")
+    return _scatter_to_planes(self, indices, list(self.shape[:-n]), list(output_size), accumulate=False)
+
+
+@lower("max_unpool2d.default")
+def max_unpool2d(self: ET, indices: ET, output_size: Any) -> ET:
+    return _max_unpool(self, indices, output_size, 2)
+
+
+@lower("max_unpool3d.default")
+def max_unpool3d(self: ET, indices: ET, output_size: Any, stride: Any, padding: Any) -> ET:
+    return _max_unpool(self, indices, output_size, 3)
+
+
+@lower("max_pool2d_with_indices.default")
+def max_pool2d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower("max_pool3d_with_indices.default")
+def max_pool3d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _nll_parts(self: ET, target: ET, weight: ET | None, ignore_index: int) -> tuple[ET, ET, ET]:
+    """The one-hot mask of the targets (ignored ones all false) and each
+    sample's weight."""
+    if len(self.shape) != 2 or len(target.shape) != 1 or not is_float(self):
+        raise Unsupported("nll_loss beyond [N, C] inputs")
+    n, c = self.shape
+    _check_size(n, c)
+    t = target.cast("i64")
+    mask = _one_hot(t, c).binary("logical_and", t.binary("ne", ignore_index).reshape([n, 1]))
+    w = weight.reshape([1, c]) if weight is not None else eng().full(1.0, [1, c], self.dtype)
+    zero = eng().full(0.0, [], self.dtype)
+    sample_weight = mask.where_(w.expand([n, c]), zero).reduce("sum", [1], False)
+    return mask, sample_weight, zero
+
+
+@lower("nll_loss_forward.default")
+def nll_loss_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+    mask, sample_weight, zero = _nll_parts(self, target, weight, ignore_index)
+    picked = mask.where_(self, zero).reduce("sum", [1], False)
+    losses = picked.binary("mul", sample_weight).unary("neg")
+    total = sample_weight.reduce("sum", [0], False)
+    if reduction == 0:
+        return losses, total.binary("mul", 0)
+    summed = losses.reduce("sum", [0], False)
+    return (summed.binary("div", total) if reduction == 1 else summed), total
+
+
+@lower("nll_loss_backward.default")
+def nll_loss_backward(grad_output: ET, self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int, total_weight: ET) -> ET:
+    mask, sample_weight, zero = _nll_parts(self, target, weight, ignore_index)
+    n, c = self.shape
+    g = grad_output.reshape([n, 1]) if reduction == 0 else grad_output.reshape([1, 1])
+    if reduction == 1:
+        g = g.binary("div", total_weight)
+    scaled = sample_weight.reshape([n, 1]).binary("mul", g).unary("neg")
+    return mask.where_(scaled.expand([n, c]), zero)
+
+
+def _nll_flat(self: ET, target: ET) -> tuple[ET, ET, list[int]]:
+    """[N, C, d...] scores and [N, d...] targets as [N*d..., C] and [N*d...]."""
+    if len(self.shape) < 3:
+        raise Unsupported("nll_loss2d needs spatial dimensions")
+    c = self.shape[1]
+    perm = [0] + list(range(2, len(self.shape))) + [1]
+    rows = math.prod(target.shape)
+    return self.permute(perm).reshape([rows, c]), target.reshape([rows]), list(target.shape)
+
+
+@lower("nll_loss2d_forward.default")
+def nll_loss2d_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+    scores, flat_target, shape = _nll_flat(self, target)
+    out, total = nll_loss_forward(scores, flat_target, weight, reduction, ignore_index)
+    return (out.reshape(shape) if reduction == 0 else out), total
+
+
+@lower("nll_loss2d_backward.default")
+def nll_loss2d_backward(grad_output: ET, self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int, total_weight: ET) -> ET:
+    scores, flat_target, shape = _nll_flat(self, target)
+    g = grad_output.reshape([math.prod(shape)]) if reduction == 0 else grad_output
+    grad = nll_loss_backward(g, scores, flat_target, weight, reduction, ignore_index, total_weight)  # [rows, C]
+    spatial = list(self.shape[2:])
+    c = self.shape[1]
+    back = [0, len(spatial) + 1] + list(range(1, len(spatial) + 1))
+    return grad.reshape([self.shape[0]] + spatial + [c]).permute(back)

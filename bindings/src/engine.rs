@@ -1,0 +1,116 @@
+//! `Engine`: one deferfuse context, in one mode, seen from Python.
+
+use deferfuse::{Config, Context, DType, HostData, Mode, Tensor};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::tensor::PyTensor;
+use crate::{host, to_py};
+
+#[pyclass(module = "deferfuse._engine", name = "Engine", frozen)]
+pub struct PyEngine {
+    pub(crate) ctx: Context,
+}
+
+pub(crate) fn parse_dtype(name: &str) -> PyResult<DType> {
+    name.parse::<DType>().map_err(to_py)
+}
+
+#[pymethods]
+impl PyEngine {
+    /// A context configured by the `TORCH_TPU_*` variables, in `mode`
+    /// (`strict`, `debug` or `defer_and_fuse`).
+    #[new]
+    fn new(mode: &str) -> PyResult<Self> {
+        let mut config = Config::from_env().map_err(to_py)?;
+        config.mode = mode.parse::<Mode>().map_err(to_py)?;
+        Ok(PyEngine {
+            ctx: Context::new(config).map_err(to_py)?,
+        })
+    }
+
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.ctx.mode().name()
+    }
+
+    /// Runs everything issued so far (flushes DeferAndFuse, drains Strict).
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.ctx.sync()).map_err(to_py)
+    }
+
+    /// A tensor holding a copy of the `numel` elements of `dtype` at `addr`
+    /// (the data pointer of a contiguous CPU tensor the caller keeps alive).
+    fn from_address(&self, addr: usize, shape: Vec<usize>, dtype: &str) -> PyResult<PyTensor> {
+        let dtype = parse_dtype(dtype)?;
+        let numel = shape.iter().product();
+        // SAFETY: the Python caller passes the data pointer of a live,
+        // contiguous tensor of this dtype and shape.
+        let data = unsafe { host::read(addr, numel, dtype) };
+        let ctx = &self.ctx;
+        let t = match data {
+            HostData::F32(v) => ctx.from_vec(v, &shape),
+            HostData::BF16(v) => ctx.from_vec(v, &shape),
+            HostData::F16(v) => ctx.from_vec(v, &shape),
+            HostData::I32(v) => ctx.from_vec(v, &shape),
+            HostData::I64(v) => ctx.from_vec(v, &shape),
+            HostData::Bool(v) => ctx.from_vec(v, &shape),
+        };
+        t.map(PyTensor::from).map_err(to_py)
+    }
+
+    /// A constant (part of the trace, unlike scalar operands).
+    fn full(&self, value: f64, shape: Vec<usize>, dtype: &str) -> PyResult<PyTensor> {
+        self.ctx
+            .full(value, &shape, parse_dtype(dtype)?)
+            .map(PyTensor::from)
+            .map_err(to_py)
+    }
+
+    fn arange(&self, start: f64, end: f64, step: f64, dtype: &str) -> PyResult<PyTensor> {
+        self.ctx
+            .arange(start, end, step, parse_dtype(dtype)?)
+            .map(PyTensor::from)
+            .map_err(to_py)
+    }
+
+    /// Joins tensors along `axis`, with type promotion.
+    fn cat(&self, tensors: Vec<PyRef<'_, PyTensor>>, axis: i64) -> PyResult<PyTensor> {
+        let owned = tensors
+            .iter()
+            .map(|t| t.inner.to_context(&self.ctx))
+            .collect::<Result<Vec<Tensor>, _>>()
+            .map_err(to_py)?;
+        let refs: Vec<&Tensor> = owned.iter().collect();
+        Tensor::cat(&refs, axis).map(PyTensor::from).map_err(to_py)
+    }
+
+    /// `tensor` as a tensor of this context (no copy on the CPU backend).
+    fn adopt(&self, py: Python<'_>, tensor: &PyTensor) -> PyResult<PyTensor> {
+        let t = tensor.inner.clone();
+        py.allow_threads(|| t.to_context(&self.ctx))
+            .map(PyTensor::from)
+            .map_err(to_py)
+    }
+
+    /// True when `tensor` belongs to this context.
+    fn owns(&self, tensor: &PyTensor) -> bool {
+        tensor.inner.context().same_as(&self.ctx)
+    }
+
+    /// Counters of this context: ops recorded, flushes, cache hits and misses.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.ctx.stats();
+        let d = PyDict::new(py);
+        d.set_item("ops_recorded", s.ops_recorded)?;
+        d.set_item("flushes", s.flushes)?;
+        d.set_item("cache", format!("{:?}", s.cache))?;
+        let m = self.ctx.memory();
+        d.set_item("memory", format!("{m:?}"))?;
+        if let Some(f) = self.ctx.last_flush() {
+            d.set_item("last_flush_kernels", f.kernels)?;
+            d.set_item("last_flush_nodes", f.trace_nodes)?;
+        }
+        Ok(d)
+    }
+}

@@ -1,0 +1,112 @@
+//! Copies between engine host data and memory that PyTorch owns. PyTorch
+//! hands us the address of a contiguous CPU tensor and its byte length; the
+//! engine owns its buffers as `Vec`s, so each direction is exactly one copy.
+
+use deferfuse::{bf16, f16, DType, HostData};
+use pyo3::exceptions::PyValueError;
+use pyo3::PyResult;
+
+/// Reads `numel` elements of `dtype` at `addr`.
+///
+/// # Safety
+/// `addr` must point to `numel` initialized, aligned elements of `dtype` that
+/// stay alive and unchanged during the call.
+pub unsafe fn read(addr: usize, numel: usize, dtype: DType) -> HostData {
+    unsafe fn copy<T: Copy>(addr: usize, numel: usize) -> Vec<T> {
+        if numel == 0 {
+            return Vec::new();
+        }
+        std::slice::from_raw_parts(addr as *const T, numel).to_vec()
+    }
+    match dtype {
+        DType::F32 => HostData::F32(copy::<f32>(addr, numel)),
+        DType::BF16 => HostData::BF16(copy::<bf16>(addr, numel)),
+        DType::F16 => HostData::F16(copy::<f16>(addr, numel)),
+        DType::I32 => HostData::I32(copy::<i32>(addr, numel)),
+        DType::I64 => HostData::I64(copy::<i64>(addr, numel)),
+        // PyTorch bools are bytes holding 0 or 1; read them as bytes so any
+        // other value cannot make an invalid Rust `bool`.
+        DType::Bool => HostData::Bool(
+            copy::<u8>(addr, numel)
+                .into_iter()
+                .map(|b| b != 0)
+                .collect(),
+        ),
+    }
+}
+
+/// Writes `data` to `addr`, which holds `nbytes` bytes.
+///
+/// # Safety
+/// `addr` must point to `nbytes` writable bytes, aligned for the dtype of
+/// `data`, that nothing else touches during the call.
+pub unsafe fn write(data: &HostData, addr: usize, nbytes: usize) -> PyResult<()> {
+    unsafe fn copy<T: Copy>(src: &[T], addr: usize, nbytes: usize) -> PyResult<()> {
+        let need = std::mem::size_of_val(src);
+        if need != nbytes {
+            return Err(PyValueError::new_err(format!(
+                "copy to host: destination holds {nbytes} bytes, the value needs {need}"
+            )));
+        }
+        if !src.is_empty() {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut T, src.len());
+        }
+        Ok(())
+    }
+    match data {
+        HostData::F32(v) => copy(v, addr, nbytes),
+        HostData::BF16(v) => copy(v, addr, nbytes),
+        HostData::F16(v) => copy(v, addr, nbytes),
+        HostData::I32(v) => copy(v, addr, nbytes),
+        HostData::I64(v) => copy(v, addr, nbytes),
+        HostData::Bool(v) => copy(v, addr, nbytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_then_write_round_trips_every_dtype() {
+        let cases = [
+            HostData::F32(vec![1.5, -2.0, 3.25]),
+            HostData::BF16(vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]),
+            HostData::F16(vec![f16::from_f32(0.25)]),
+            HostData::I32(vec![7, -8]),
+            HostData::I64(vec![1 << 40, -3]),
+            HostData::Bool(vec![true, false, true]),
+        ];
+        for data in cases {
+            let dtype = data.dtype();
+            let mut memory = vec![0u64; 8];
+            let nbytes = data.len() * dtype.size_in_bytes();
+            let addr = memory.as_mut_ptr() as usize;
+            unsafe { write(&data, addr, nbytes).unwrap() };
+            let back = unsafe { read(addr, data.len(), dtype) };
+            assert_eq!(back, data, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn write_rejects_a_wrong_byte_length() {
+        let mut memory = [0u8; 16];
+        let err = unsafe {
+            write(
+                &HostData::F32(vec![1.0; 3]),
+                memory.as_mut_ptr() as usize,
+                16,
+            )
+        };
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn bytes_other_than_zero_and_one_read_as_true() {
+        let memory = [0u8, 1, 2, 255];
+        assert_eq!(
+            unsafe { read(memory.as_ptr() as usize, 4, DType::Bool) },
+            HostData::Bool(vec![false, true, true, true])
+        );
+    }
+}
