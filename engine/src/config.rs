@@ -128,6 +128,7 @@ pub struct Config {
     pub mode: Mode,
     pub max_pending_ops: usize,
     pub debug_checks: DebugChecks,
+    /// `per_op` also turns the `patterns` rule set off ([`Config::effective_rewrite`]).
     pub fused_rounding: FusedRounding,
     /// DeferAndFuse rewrites and fuses its traces (on by default).
     pub fusion: bool,
@@ -175,6 +176,18 @@ pub fn default_cache_dir(get: &impl Fn(&str) -> Option<String>) -> Option<std::p
 impl Config {
     pub fn with_mode(mode: Mode) -> Config {
         Config { mode, ..Config::default() }
+    }
+
+    /// The rewrites flushes run. `per_op` promises eager's bits, so it turns
+    /// the `patterns` set off: a lifted GELU, softmax or LayerNorm is one
+    /// fused op that computes in f32 inside and rounds only at its output,
+    /// where eager rounds after each of the ops it was written with.
+    pub fn effective_rewrite(&self) -> rewrite_rules::RewriteConfig {
+        let mut rewrite = self.rewrite.clone();
+        if self.fused_rounding == FusedRounding::PerOp {
+            rewrite.rule_sets.patterns = false;
+        }
+        rewrite
     }
 
     /// Reads the `TORCH_TPU_*` variables of this process. The on-disk cache

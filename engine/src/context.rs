@@ -101,12 +101,13 @@ impl Context {
                 .ok()
         });
         let plan = PlanConfig { rounding: config.fused_rounding, ..PlanConfig::default() };
-        let pipeline = Arc::new(Pipeline::new(backend.clone(), config.rewrite.clone(), plan, disk));
+        let rewrite = config.effective_rewrite();
+        let pipeline = Arc::new(Pipeline::new(backend.clone(), rewrite.clone(), plan, disk));
         let stream = match config.mode {
             Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone())?),
             _ => None,
         };
-        let dumps = config.fusion_dump.as_ref().map(|dir| Dumps::new(dir, &config.rewrite));
+        let dumps = config.fusion_dump.as_ref().map(|dir| Dumps::new(dir, &rewrite));
         if dumps.is_some() {
             pipeline.keep_extracted();
         }

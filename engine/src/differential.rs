@@ -130,7 +130,7 @@ pub fn run_fused_on(
     config: &crate::Config,
     backend: &dyn runtime::Backend,
 ) -> trace_ir::Result<Vec<HostData>> {
-    let optimized = rewrite_rules::optimize(trace, &config.rewrite)?.trace;
+    let optimized = rewrite_rules::optimize(trace, &config.effective_rewrite())?.trace;
     let program = if backend.fuses_itself() {
         rewrite_rules::program::Program::unfused(&optimized)
     } else {
@@ -191,7 +191,7 @@ fn check_resized(trace: &trace_ir::Trace, config: &crate::Config, seed: u64) -> 
     use runtime::{Backend, CpuBackend, MemoryTracker};
     let grow = |d: usize| if d >= 2 { 2 * d + 1 } else { d };
     let Some(resized) = resize_trace(trace, grow) else { return Ok(()) };
-    let optimized = rewrite_rules::optimize(trace, &config.rewrite).map_err(|e| e.to_string())?.trace;
+    let optimized = rewrite_rules::optimize(trace, &config.effective_rewrite()).map_err(|e| e.to_string())?.trace;
     let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
     let program = rewrite_rules::planner::plan(&optimized, &plan_config).map_err(|e| e.to_string())?;
     let (from, to) = (trace_ir::ShapeClass::of(trace), trace_ir::ShapeClass::of(&resized));

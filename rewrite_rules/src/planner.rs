@@ -51,7 +51,10 @@
 //! its dtype (a bf16 value cast to f32 is rounded to bf16 first; a cast to
 //! bf16/f16 rounds). Loads of a bf16 value that is already stored are exact.
 //! [`Rounding::PerOp`] rounds the result of every fused op whose dtype is
-//! bf16 or f16, matching eager execution bit for bit on those dtypes.
+//! bf16 or f16, matching eager execution bit for bit on those dtypes as long
+//! as the trace was not rewritten with the `patterns` set (a lifted GELU or
+//! softmax is one op here, so it rounds once); the engine turns that set off
+//! under `per_op`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
