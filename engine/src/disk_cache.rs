@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
-use trace_ir::signature::fnv1a64;
+use trace_ir::signature::stable_hash64;
 
 const MAGIC: &str = "deferfuse-cache v1";
 const SUFFIX: &str = "entry";
@@ -61,7 +61,7 @@ impl DiskCache {
 
     /// The file an entry with this key lives in.
     pub fn path_of(&self, key: &[u8]) -> PathBuf {
-        self.dir.join(format!("{:016x}.{SUFFIX}", fnv1a64(key)))
+        self.dir.join(format!("{:016x}.{SUFFIX}", stable_hash64(key)))
     }
 
     /// The payload stored under `key`, if a valid entry exists.
@@ -96,7 +96,7 @@ impl DiskCache {
             ".{}.{}.{}.tmp",
             path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
             std::process::id(),
-            fnv1a64(format!("{:?}{:?}", std::thread::current().id(), SystemTime::now()).as_bytes())
+            stable_hash64(format!("{:?}{:?}", std::thread::current().id(), SystemTime::now()).as_bytes())
         ));
         let written = fs::File::create(&tmp).and_then(|mut f| {
             f.write_all(&encode(key, payload))?;
@@ -140,7 +140,7 @@ fn encode(key: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut body = Vec::with_capacity(key.len() + payload.len());
     body.extend_from_slice(key);
     body.extend_from_slice(payload);
-    let mut out = format!("{MAGIC}\n{:016x}\n{}\n", fnv1a64(&body), key.len()).into_bytes();
+    let mut out = format!("{MAGIC}\n{:016x}\n{}\n", stable_hash64(&body), key.len()).into_bytes();
     out.extend_from_slice(&body);
     out
 }
@@ -155,7 +155,7 @@ fn decode<'a>(bytes: &'a [u8], key: &[u8]) -> Result<&'a [u8], &'static str> {
     let (Some(checksum), Some(key_len), Some(body)) = (checksum, key_len, lines.next()) else {
         return Err("truncated header");
     };
-    if fnv1a64(body) != checksum {
+    if stable_hash64(body) != checksum {
         return Err("checksum mismatch (truncated or corrupt)");
     }
     if body.len() < key_len || &body[..key_len] != key {

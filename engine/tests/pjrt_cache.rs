@@ -11,7 +11,7 @@ use std::process::Command;
 
 use deferfuse::differential::compare;
 use deferfuse::{BackendKind, BackendStats, Config, Context, DType, HostData, Mode, Result};
-use trace_ir::signature::fnv1a64;
+use trace_ir::signature::stable_hash64;
 
 const CHILD_VAR: &str = "DEFERFUSE_TEST_PJRT_CHILD";
 
@@ -173,7 +173,7 @@ fn with_garbage_payload(entry: &[u8]) -> Vec<u8> {
     let mut new_body = body[..key_len].to_vec();
     new_body.extend_from_slice(b"not a serialized executable");
     let mut out = magic.to_vec();
-    out.extend_from_slice(format!("\n{:016x}\n{key_len}\n", fnv1a64(&new_body)).as_bytes());
+    out.extend_from_slice(format!("\n{:016x}\n{key_len}\n", stable_hash64(&new_body)).as_bytes());
     out.extend_from_slice(&new_body);
     out
 }

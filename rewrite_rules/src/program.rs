@@ -355,7 +355,7 @@ impl Program {
     /// A stable hash of the program's canonical form (its JSON bytes): the
     /// same on every machine and build, so it can key on-disk caches.
     pub fn fingerprint(&self) -> u64 {
-        trace_ir::signature::fnv1a64(&self.canonical())
+        trace_ir::signature::stable_hash64(&self.canonical())
     }
 
     /// The canonical encoding the fingerprint hashes.

@@ -6,6 +6,7 @@
 //! - the trace DAG ([`Trace`]), its structural [`Signature`], and its
 //!   versioned JSON form ([`Trace::to_json`], [`Trace::from_json`]).
 
+pub mod canonical;
 pub mod dtype;
 pub mod error;
 pub mod generate;

@@ -17,10 +17,10 @@ pub struct Signature {
 
 impl Signature {
     pub fn of(trace: &Trace) -> Self {
-        // The JSON form is already canonical: node order is topological and
+        // The serialized trace is already canonical: node order is topological,
         // parameters are numbered by first appearance, and no buffer data is in it.
-        let canonical: Arc<[u8]> = serde_json::to_vec(trace).expect("a trace always serializes").into();
-        let stable_hash = fnv1a64(&canonical);
+        let canonical: Arc<[u8]> = crate::canonical::to_bytes(trace).into();
+        let stable_hash = stable_hash64(&canonical);
         Signature { canonical, stable_hash }
     }
 
@@ -103,13 +103,22 @@ impl ShapeClass {
     }
 }
 
-/// FNV-1a, 64 bit: tiny, stable and good enough to key a cache whose entries
-/// are also compared in full.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+/// A 64-bit hash that is the same on every machine and version of Rust, for
+/// on-disk keys and signatures (whose users also compare the full bytes). It
+/// mixes eight bytes per step (rotate, xor, multiply by the golden ratio, as
+/// FxHash does) and ends with murmur3's finalizer so every input bit reaches
+/// every output bit. Strict hashes one signature per op, so speed matters.
+pub fn stable_hash64(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let step = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut chunks = bytes.chunks_exact(8);
+    let mut h = (&mut chunks).fold(bytes.len() as u64, |h, c| step(h, u64::from_le_bytes(c.try_into().unwrap())));
+    let mut tail = [0u8; 8];
+    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = step(h, u64::from_le_bytes(tail));
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }

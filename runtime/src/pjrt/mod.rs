@@ -261,7 +261,7 @@ impl PjrtBackend {
             self.client.platform_version,
             attrs.join(" "),
             std::env::consts::ARCH,
-            trace_ir::signature::fnv1a64(host_cpu_features().as_bytes()),
+            trace_ir::signature::stable_hash64(host_cpu_features().as_bytes()),
             self.options
         ))
     }
