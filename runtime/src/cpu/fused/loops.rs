@@ -622,7 +622,7 @@ impl LoopExec {
             let v = match &self.kernel.instrs[reg] {
                 Instr::Load { .. } | Instr::Acc => sc[reg],
                 Instr::Literal { value } => *value,
-                Instr::Unary { op, x } => with_unary!(*op, |f| f(sc[*x])),
+                Instr::Unary { op, x } => with_unary!(super::tile::PORTABLE_FMA, *op, |f| f(sc[*x])),
                 Instr::Binary { op, a, b } => with_binary!(*op, |f| f(sc[*a], sc[*b])),
                 Instr::Where { c, a, b } => {
                     if sc[*c] != 0.0 {

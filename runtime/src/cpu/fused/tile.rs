@@ -49,6 +49,10 @@ impl Isa {
     }
 }
 
+/// Whether the portable code path has fused multiply-add: aarch64 always
+/// does; x86-64 without AVX2 may not.
+pub(crate) const PORTABLE_FMA: bool = cfg!(target_arch = "aarch64");
+
 /// Runs one tile with the code compiled for `isa`.
 pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     match isa {
@@ -58,20 +62,20 @@ pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { tile_avx2(exec, rs, s, t) },
-        _ => tile_body(exec, rs, s, t),
+        _ => tile_body::<PORTABLE_FMA>(exec, rs, s, t),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt")]
 unsafe fn tile_avx512(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
-    tile_body(exec, rs, s, t)
+    tile_body::<true>(exec, rs, s, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt")]
 unsafe fn tile_avx2(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
-    tile_body(exec, rs, s, t)
+    tile_body::<true>(exec, rs, s, t)
 }
 
 /// A register as an operand: a scalar, one value per row, or one per element.
@@ -82,24 +86,25 @@ pub(crate) enum A<'a> {
     E(&'a [f32]),
 }
 
-/// Binds `$f` to the scalar function of a unary op.
+/// Binds `$f` to the scalar function of a unary op; `$fma` says whether
+/// the code path has fused multiply-add (see [`super::math`]).
 macro_rules! with_unary {
-    ($op:expr, |$f:ident| $body:expr) => {{
+    ($fma:expr, $op:expr, |$f:ident| $body:expr) => {{
         use trace_ir::UnaryOp::*;
         match $op {
             Neg => { let $f = |x: f32| -x; $body }
             Abs => { let $f = |x: f32| x.abs(); $body }
-            Exp => { let $f = $crate::cpu::fused::math::exp; $body }
-            Log => { let $f = $crate::cpu::fused::math::ln; $body }
+            Exp => { let $f = $crate::cpu::fused::math::exp::<{ $fma }>; $body }
+            Log => { let $f = $crate::cpu::fused::math::ln::<{ $fma }>; $body }
             Sqrt => { let $f = |x: f32| x.sqrt(); $body }
             Rsqrt => { let $f = |x: f32| 1.0 / x.sqrt(); $body }
             Reciprocal => { let $f = |x: f32| 1.0 / x; $body }
-            Tanh => { let $f = $crate::cpu::fused::math::tanh; $body }
-            Sigmoid => { let $f = $crate::cpu::fused::math::sigmoid; $body }
+            Tanh => { let $f = $crate::cpu::fused::math::tanh::<{ $fma }>; $body }
+            Sigmoid => { let $f = $crate::cpu::fused::math::sigmoid::<{ $fma }>; $body }
             Relu => { let $f = |x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 }; $body }
-            GeluErf => { let $f = $crate::cpu::fused::math::gelu_erf; $body }
-            GeluTanh => { let $f = $crate::cpu::fused::math::gelu_tanh; $body }
-            Silu => { let $f = $crate::cpu::fused::math::silu; $body }
+            GeluErf => { let $f = $crate::cpu::fused::math::gelu_erf::<{ $fma }>; $body }
+            GeluTanh => { let $f = $crate::cpu::fused::math::gelu_tanh::<{ $fma }>; $body }
+            Silu => { let $f = $crate::cpu::fused::math::silu::<{ $fma }>; $body }
             Sin => { let $f = |x: f32| x.sin(); $body }
             Cos => { let $f = |x: f32| x.cos(); $body }
             Floor => { let $f = |x: f32| x.floor(); $body }
@@ -313,12 +318,12 @@ pub(crate) fn reduce_const(op: ReduceOp, v: f32, cols: usize) -> f32 {
 }
 
 #[inline(always)]
-fn tile_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
+fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     if exec.chunked && rs.cols > t.len {
-        return chunked_body(exec, rs, s, t);
+        return chunked_body::<FMA>(exec, rs, s, t);
     }
     for &reg in &exec.tile_order {
-        exec_instr(exec, rs, s, t, reg, rs.cols);
+        exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols);
     }
     store(exec, rs, s, t, |_| true);
 }
@@ -328,7 +333,7 @@ fn tile_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
 /// reductions accumulate across chunks, and what depends on them runs once
 /// at the end.
 #[inline(always)]
-fn chunked_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
+fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     let cols = rs.cols;
     let n = exec.kernel.instrs.len();
     // (sum or product in f64, extreme in f32, saw NaN)
@@ -368,7 +373,7 @@ fn chunked_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
                     }
                 }
                 Instr::Reduce { .. } => {}
-                _ => exec_instr(exec, rs, s, c, reg, len),
+                _ => exec_instr::<FMA>(exec, rs, s, c, reg, len),
             }
         }
         store(exec, rs, s, c, |l| l == Level::Elem);
@@ -390,7 +395,7 @@ fn chunked_body(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
             }
         }
         if exec.after_reduce[reg] || matches!(exec.kernel.instrs[reg], Instr::Reduce { .. }) {
-            exec_instr(exec, rs, s, one, reg, cols);
+            exec_instr::<FMA>(exec, rs, s, one, reg, cols);
         }
     }
     store(exec, rs, s, Tile { start: t.start, len: cols, r0: t.r0, nr: 1 }, |l| l != Level::Elem);
@@ -411,7 +416,7 @@ fn elem_of<'b>(exec: &LoopExec, rs: &'b RunState<'_>, elem: &'b [Vec<f32>], t: T
 
 /// Runs instruction `reg` over tile `t`, whose rows have `cols` elements.
 #[inline(always)]
-fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg: usize, cols: usize) {
+fn exec_instr<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg: usize, cols: usize) {
     let level = exec.level[reg];
     let n = match level {
         Level::Elem => t.len,
@@ -425,7 +430,7 @@ fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg:
             Home::Output(o) => {
                 // SAFETY: tiles write disjoint ranges of every output.
                 let out = unsafe { rs.outputs[o].f32_run(t.start, n) };
-                return compute(exec, rs, &s.elem, &s.row, &mut s.tmp, t, reg, cols, out);
+                return compute::<FMA>(exec, rs, &s.elem, &s.row, &mut s.tmp, t, reg, cols, out);
             }
             Home::Scratch => {}
         }
@@ -433,7 +438,7 @@ fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg:
     let slot = exec.slot[reg];
     let pool = if level == Level::Elem { &mut s.elem } else { &mut s.row };
     let mut out = std::mem::take(&mut pool[slot]);
-    compute(exec, rs, &s.elem, &s.row, &mut s.tmp, t, reg, cols, &mut out[..n]);
+    compute::<FMA>(exec, rs, &s.elem, &s.row, &mut s.tmp, t, reg, cols, &mut out[..n]);
     let pool = if level == Level::Elem { &mut s.elem } else { &mut s.row };
     pool[slot] = out;
 }
@@ -441,7 +446,7 @@ fn exec_instr(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg:
 /// Evaluates instruction `reg` over tile `t` into `out`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn compute(
+fn compute<const FMA: bool>(
     exec: &LoopExec,
     rs: &RunState<'_>,
     elem: &[Vec<f32>],
@@ -471,8 +476,8 @@ fn compute(
         }
         Instr::Literal { .. } => {}
         Instr::Unary { op, x } => match arg(*x) {
-            A::E(x) | A::R(x) => with_unary!(*op, |f| un(f, out, x)),
-            A::S(v) => with_unary!(*op, |f| out.fill(f(v))),
+            A::E(x) | A::R(x) => with_unary!(FMA, *op, |f| un(f, out, x)),
+            A::S(v) => with_unary!(FMA, *op, |f| out.fill(f(v))),
         },
         Instr::Binary { op, a, b } => {
             let (aa, ba) = (arg(*a), arg(*b));
