@@ -207,6 +207,30 @@ fn a_new_batch_size_in_one_context_is_resized_and_dumped_with_its_graph() {
     );
 }
 
+#[test]
+fn a_program_with_strided_views_is_planned_again_for_a_new_batch_and_diff_says_why() {
+    // The transformer block's attention matmuls read the heads through
+    // strided views, whose strides are compiled in: Program::resized refuses.
+    let dir = TempDir::new("strided");
+    let ctx = dumping_context(dir.path());
+    let a = run_workload_in(&ctx, dir.path(), "transformer_block", 2);
+    let b = run_workload_in(&ctx, dir.path(), "transformer_block", 8);
+    let (da, db) = (FlushDump::load(&a).unwrap(), FlushDump::load(&b).unwrap());
+    assert_eq!(da.shape_class, db.shape_class);
+    assert_eq!(db.cache.tier1, TierOutcome::Miss);
+    assert_eq!(ctx.stats().cache.resized, 0);
+    let size = same_class(&da, &db);
+    assert_eq!((size.node, size.dimension, size.a, size.b), (0, 0, 2, 8), "{size}");
+    let text = stdout(&cli(&["diff", path_str(&a), path_str(&b)]));
+    assert!(text.contains("node 0 (param 0): shape [2, 16, 64] vs [8, 16, 64] (dimension 0: 2 vs 8)"), "{text}");
+    assert!(text.contains("on backend cpu (native): A's program does not resize: kernel "), "{text}");
+    assert!(text.contains("(matmul over nodes ") && text.contains("reads a strided view"), "{text}");
+    assert!(
+        text.contains("here B was a tier-1 miss: its context held no program of this shape class that resizes"),
+        "{text}"
+    );
+}
+
 /// The diff of `a` and `b` when `b`'s dump says `backend`, and tier 1 missed.
 fn diff_as_if_on(backend: &str, dir: &std::path::Path, a: &std::path::Path, b: &std::path::Path) -> String {
     let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(b).unwrap()).unwrap();
