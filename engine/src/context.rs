@@ -322,6 +322,7 @@ impl Shared {
             call_sites,
             program: &prepared.program,
             rewrote: prepared.rewrite.is_some(),
+            resized_from: prepared.resized_from.as_ref(),
             prepared_graph: self.pipeline.take_extracted(),
             cache_after: self.pipeline.stats(),
             run_ns,

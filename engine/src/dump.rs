@@ -5,9 +5,10 @@
 //! *what ran* (the recorded trace with call sites, the extracted graph, the
 //! kernels and the buffers materialized between them), *why something was
 //! not fused* (the planner's reason for every cut), and *why it recompiled*
-//! (the cache outcome per tier and the signature, whose first differing field
-//! [`first_difference`] finds). Timings per phase and the flush's peak bytes
-//! say what it cost.
+//! (the cache outcome per tier, the exact signature and the shape class that
+//! keys tier 1; [`compare`] finds the first field where two flushes part,
+//! and whether only sizes differ). Timings per phase and the flush's peak
+//! bytes say what it cost.
 //!
 //! Loading treats the file as untrusted ([`FlushDump::load`]): a missing,
 //! truncated, corrupt, foreign, newer or inconsistent file gives a
@@ -44,14 +45,17 @@ use ahash::AHashMap;
 use rewrite_rules::program::{KernelKind, Program};
 use rewrite_rules::{RewriteConfig, RewriteReport};
 use serde::{Deserialize, Serialize};
-use trace_ir::{NodeId, Op, Signature, Trace};
+use trace_ir::{NodeId, Op, Shape, ShapeClass, Signature, Trace};
 
 use crate::pipeline::{CacheStats, Extracted};
 
 /// The format name every dump starts with.
 pub const DUMP_FORMAT: &str = "deferfuse-fusion-dump";
 /// The format version this build writes; it reads this version and older.
-pub const DUMP_VERSION: u32 = 1;
+///
+/// Version 2 added `shape_class` and the tier-1 outcome `resized`, which a
+/// version-1 reader cannot parse: the bump makes it say "newer", not "corrupt".
+pub const DUMP_VERSION: u32 = 2;
 
 /// One flush, as written to disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,8 +74,15 @@ pub struct FlushDump {
     /// `"fused"` (rewritten and planned) or `"unfused"` (`TORCH_TPU_FUSION=off`).
     pub preparation: String,
     /// The stable hash of the recorded trace's signature, in hex: two flushes
-    /// with different hashes cannot share a tier-1 or tier-3 entry.
+    /// with different hashes cannot share a tier-3 (on-disk) entry.
     pub signature: String,
+    /// The stable hash of the recorded trace's shape class (sizes of 2 or
+    /// more abstracted), in hex: the key of tier 1. Two flushes with the same
+    /// class and other sizes share a program where the backend resizes
+    /// executables (the native CPU backend). Version-1 dumps lack it; the
+    /// loader computes it from `recorded`.
+    #[serde(default)]
+    pub shape_class: String,
     /// The trace as recorded (pruned to what the live tensors need): the
     /// signature is computed from exactly this.
     pub recorded: Trace,
@@ -79,8 +90,9 @@ pub struct FlushDump {
     /// parameters and for ops recorded outside the public API).
     pub call_sites: Vec<Option<CallSite>>,
     /// The graph the planner saw (the extracted trace of the rewrite); the
-    /// program's value ids are its node ids. Absent when the program came
-    /// from the on-disk cache, which keeps programs only.
+    /// program's value ids are its node ids. For a resized program, the
+    /// template's graph resized the same way. Absent when the program came
+    /// (directly or resized) from the on-disk cache, which keeps programs only.
     pub graph: Option<Trace>,
     /// For each node of `graph`, the nodes of `recorded` it stands for.
     pub origins: Vec<Vec<NodeId>>,
@@ -120,7 +132,8 @@ impl From<&Location<'_>> for CallSite {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RewriteDump {
     /// True when this flush ran the rewrite; false when the program came from
-    /// the tier-1 cache and this is the report of the flush that built it.
+    /// the tier-1 cache and this is the report of the flush that built it
+    /// (for a resized program: at the template's sizes, costs included).
     pub ran_in_this_flush: bool,
     /// How many times each rule changed the e-graph.
     pub rules_fired: BTreeMap<String, usize>,
@@ -182,6 +195,10 @@ pub struct Materialized {
 #[serde(rename_all = "snake_case")]
 pub enum TierOutcome {
     Hit,
+    /// Tier 1 only: the shape class was cached at other sizes, and its
+    /// program and executable were resized to these (nothing rewritten,
+    /// planned or compiled). Counted as a hit by [`CacheStats`].
+    Resized,
     Miss,
     /// An on-disk entry was corrupt or foreign, and rebuilt.
     Rejected,
@@ -193,6 +210,7 @@ impl std::fmt::Display for TierOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             TierOutcome::Hit => "hit",
+            TierOutcome::Resized => "resized",
             TierOutcome::Miss => "miss",
             TierOutcome::Rejected => "rejected",
             TierOutcome::Skipped => "-",
@@ -202,7 +220,7 @@ impl std::fmt::Display for TierOutcome {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheOutcome {
-    /// Signature → program.
+    /// Shape class → program (`resized` for other sizes of a cached class).
     pub tier1: TierOutcome,
     /// Program → executable.
     pub tier2: TierOutcome,
@@ -220,8 +238,12 @@ impl CacheOutcome {
         let t3 = (after.tier3.hits - before.tier3.hits, after.tier3.misses - before.tier3.misses);
         let tier3 =
             if after.tier3.rejected > before.tier3.rejected { TierOutcome::Rejected } else { outcome(t3.0, t3.1) };
+        let tier1 = match after.resized > before.resized {
+            true => TierOutcome::Resized,
+            false => outcome(after.tier1.hits - before.tier1.hits, after.tier1.misses - before.tier1.misses),
+        };
         CacheOutcome {
-            tier1: outcome(after.tier1.hits - before.tier1.hits, after.tier1.misses - before.tier1.misses),
+            tier1,
             tier2: outcome(after.tier2.hits - before.tier2.hits, after.tier2.misses - before.tier2.misses),
             tier3,
         }
@@ -351,8 +373,12 @@ impl FlushDump {
                 return Err(DumpError::Corrupt { path, detail: format!("version {other:?} is not a positive integer") })
             }
         }
-        let dump: FlushDump = serde_json::from_value(value).map_err(json_error)?;
+        let mut dump: FlushDump = serde_json::from_value(value).map_err(json_error)?;
         dump.check().map_err(|detail| DumpError::Inconsistent { path: PathBuf::new(), detail })?;
+        if dump.shape_class.is_empty() {
+            // A version-1 dump: the class follows from the recorded trace.
+            dump.shape_class = format!("{:016x}", ShapeClass::of(&dump.recorded).signature.stable_hash());
+        }
         Ok(dump)
     }
 
@@ -560,6 +586,12 @@ pub fn first_difference(a: &Trace, b: &Trace) -> Option<Difference> {
             ));
         }
     }
+    tail_difference(a, b)
+}
+
+/// The difference past the nodes both traces have: their count, or their
+/// outputs. Neither holds sizes, so it is the same for shape classes.
+fn tail_difference(a: &Trace, b: &Trace) -> Option<Difference> {
     if a.len() != b.len() {
         let (longer, n) = if a.len() > b.len() { ("first", b.len()) } else { ("second", a.len()) };
         let longer_trace = if a.len() > b.len() { a } else { b };
@@ -579,6 +611,172 @@ pub fn first_difference(a: &Trace, b: &Trace) -> Option<Difference> {
     None
 }
 
+/// How two recorded traces stand for tier 1 of the cache, which is keyed by
+/// the shape class ([`ShapeClass`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Comparison {
+    /// Equal signatures: one program serves both.
+    Same,
+    /// One shape class, other sizes: a backend whose executables are
+    /// shape-polymorphic (the native CPU backend) serves B by resizing the
+    /// program of the class; one that compiles per size (PJRT) compiles anew.
+    SameClass(SizeDifference),
+    /// Different shape classes: no backend can reuse A's program for B.
+    Different(Difference),
+}
+
+/// The first size in which two traces of one shape class differ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeDifference {
+    pub node: NodeId,
+    /// The dimension of the node's shape (or of its shape attribute, which
+    /// follows the shape in every op that has one).
+    pub dimension: usize,
+    pub a: usize,
+    pub b: usize,
+    /// For people: the node, its op, both shapes and the dimension.
+    pub what: String,
+}
+
+impl std::fmt::Display for SizeDifference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+/// Compares two recorded traces as tier 1 does: by shape class first, then
+/// by sizes. Fields are visited in the order [`first_difference`] visits
+/// them, with every size of 2 or more replaced by its symbol, numbered as
+/// [`ShapeClass::of`] numbers them; so `Same` means equal signatures and
+/// `SameClass` equal shape classes.
+pub fn compare(a: &Trace, b: &Trace) -> Comparison {
+    let (mut sa, mut sb) = (Symbols::default(), Symbols::default());
+    let mut first_size: Option<SizeDifference> = None;
+    for (id, (x, y)) in a.nodes.iter().zip(&b.nodes).enumerate() {
+        let what = format!("node {id} ({})", FlushDump::op_label(&x.op));
+        let differ = |detail: String| Comparison::Different(Difference::at(id, format!("{what}: {detail}")));
+        if x.op.name() != y.op.name() {
+            return differ(format!("op {} vs {}", x.op.name(), y.op.name()));
+        }
+        let mut shapes = vec![("shape", &x.meta.shape, &y.meta.shape)];
+        let (mut ox, mut oy) = (x.op.clone(), y.op.clone());
+        if let (Some(p), Some(q)) = (ox.shape_attr_mut(), oy.shape_attr_mut()) {
+            shapes.push(("shape attribute", &*p, &*q));
+        }
+        // The value's shape, then the op's shape attribute: the order in
+        // which `ShapeClass::of` numbers the symbols.
+        let mut symbolized: Vec<(Shape, Shape)> = Vec::new();
+        for (field, p, q) in shapes {
+            if p.len() != q.len() {
+                return differ(format!("{field} {p:?} vs {q:?} (rank {} vs {})", p.len(), q.len()));
+            }
+            let (mut ep, mut eq) = (Shape::new(), Shape::new());
+            for (dim, (&m, &n)) in p.iter().zip(q.iter()).enumerate() {
+                let at = (id, field, dim);
+                let (u, v) = (sa.symbol(m, at), sb.symbol(n, at));
+                if u != v {
+                    let why = match (u, v) {
+                        (Size::Literal(_), _) | (_, Size::Literal(_)) => {
+                            "sizes 0 and 1 are part of the shape class (they decide broadcasting)".to_string()
+                        }
+                        _ => format!(
+                            "in A it is {}, in B {} (equal sizes share one symbol of the shape class)",
+                            sa.describe(u, at),
+                            sb.describe(v, at)
+                        ),
+                    };
+                    return differ(format!("{field} {p:?} vs {q:?}: dimension {dim} is {m} vs {n}; {why}"));
+                }
+                if m != n && first_size.is_none() {
+                    let sizes = shape_difference(p, q);
+                    first_size = Some(SizeDifference {
+                        node: id,
+                        dimension: dim,
+                        a: m,
+                        b: n,
+                        what: format!("{what}: {field} {sizes}"),
+                    });
+                }
+                ep.push(u.encoded());
+                eq.push(v.encoded());
+            }
+            symbolized.push((ep, eq));
+        }
+        if x.meta.dtype != y.meta.dtype {
+            return differ(format!("dtype {} vs {}", x.meta.dtype, y.meta.dtype));
+        }
+        if x.inputs != y.inputs {
+            return differ(format!("inputs {:?} vs {:?}", x.inputs.as_slice(), y.inputs.as_slice()));
+        }
+        // The other attributes, compared in the signature's own encoding (JSON).
+        if let (Some(p), Some(q), Some((ep, eq))) = (ox.shape_attr_mut(), oy.shape_attr_mut(), symbolized.get(1)) {
+            (*p, *q) = (ep.clone(), eq.clone());
+        }
+        let json = |op: &Op| serde_json::to_string(op).unwrap_or_default();
+        if json(&ox) != json(&oy) {
+            return differ(format!("attributes (constants) {} vs {}", json(&x.op), json(&y.op)));
+        }
+    }
+    match (tail_difference(a, b), first_size) {
+        (Some(d), _) => Comparison::Different(d),
+        (None, Some(size)) => Comparison::SameClass(size),
+        (None, None) => Comparison::Same,
+    }
+}
+
+/// A size as the shape class sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Size {
+    /// 0 or 1, kept as it is.
+    Literal(usize),
+    /// The k-th distinct size of 2 or more.
+    Symbol(usize),
+}
+
+impl Size {
+    /// The encoding of `ShapeClass::of`: symbols written as 2, 3, ...
+    fn encoded(self) -> usize {
+        match self {
+            Size::Literal(d) => d,
+            Size::Symbol(k) => k + 2,
+        }
+    }
+}
+
+/// The symbols of one trace, and where each was first seen.
+#[derive(Default)]
+struct Symbols {
+    sizes: Vec<usize>,
+    first_seen: Vec<(NodeId, &'static str, usize)>,
+}
+
+impl Symbols {
+    fn symbol(&mut self, d: usize, at: (NodeId, &'static str, usize)) -> Size {
+        if d < 2 {
+            return Size::Literal(d);
+        }
+        let k = self.sizes.iter().position(|&s| s == d).unwrap_or_else(|| {
+            self.sizes.push(d);
+            self.first_seen.push(at);
+            self.sizes.len() - 1
+        });
+        Size::Symbol(k)
+    }
+
+    /// A symbol for people: by where it was first seen, or as new when that
+    /// is `at`.
+    fn describe(&self, size: Size, at: (NodeId, &'static str, usize)) -> String {
+        match size {
+            Size::Literal(d) => format!("the literal size {d}"),
+            Size::Symbol(k) if self.first_seen[k] == at => format!("a size of its own ({})", self.sizes[k]),
+            Size::Symbol(k) => {
+                let (node, field, dim) = self.first_seen[k];
+                format!("the size of node {node}'s {field} dimension {dim} ({})", self.sizes[k])
+            }
+        }
+    }
+}
+
 fn shape_difference(a: &[usize], b: &[usize]) -> String {
     if a.len() != b.len() {
         return format!("{a:?} vs {b:?} (rank {} vs {})", a.len(), b.len());
@@ -596,12 +794,13 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 const MAX_GRAPHS: usize = 1024;
 
 /// What a context keeps while fusion dumps are on: the directory, and the
-/// graph of every program it prepared, by signature, so the dump of a later
-/// tier-1 hit shows the graph too. Contexts without dumps have none of this.
+/// graph of every program it prepared, by shape class and sizes (an exact
+/// signature), so the dump of a later tier-1 hit, or of a program resized
+/// from it, shows the graph too. Contexts without dumps have none of this.
 pub(crate) struct Dumps {
     dir: PathBuf,
     rewrite_limits: RewriteConfig,
-    graphs: Mutex<AHashMap<Signature, Arc<Extracted>>>,
+    graphs: Mutex<AHashMap<ShapeClass, Arc<Extracted>>>,
 }
 
 /// What a flush measured before it asked the pipeline for its program.
@@ -618,6 +817,8 @@ pub(crate) struct FlushFacts<'a> {
     pub program: &'a Program,
     /// Whether this flush ran the rewrite (a tier-1 or tier-3 hit did not).
     pub rewrote: bool,
+    /// The class of the template `program` was resized from, if it was.
+    pub resized_from: Option<&'a ShapeClass>,
     /// The graph this flush prepared, if it prepared one.
     pub prepared_graph: Option<Arc<Extracted>>,
     pub cache_after: CacheStats,
@@ -647,26 +848,38 @@ impl Dumps {
         }
     }
 
-    /// The graph of the program `signature` runs: the one just prepared, or
-    /// the one kept when an earlier flush prepared it.
-    fn graph(&self, signature: &Signature, prepared: Option<Arc<Extracted>>) -> Option<Arc<Extracted>> {
+    /// The graph of the program a trace of `class` runs: the one just
+    /// prepared, the one kept when an earlier flush prepared it, or, for a
+    /// program resized from a template, the template's graph resized alike.
+    fn graph(
+        &self,
+        class: &ShapeClass,
+        prepared: Option<Arc<Extracted>>,
+        resized_from: Option<&ShapeClass>,
+    ) -> Option<Arc<Extracted>> {
         let mut graphs = self.graphs.lock().unwrap();
-        match prepared {
-            Some(graph) => {
-                if graphs.len() >= MAX_GRAPHS {
-                    graphs.clear();
-                }
-                graphs.insert(signature.clone(), graph.clone());
-                Some(graph)
+        if let Some(graph) = prepared {
+            if graphs.len() >= MAX_GRAPHS {
+                graphs.clear();
             }
-            None => graphs.get(signature).cloned(),
+            graphs.insert(class.clone(), graph.clone());
+            return Some(graph);
         }
+        if let Some(graph) = graphs.get(class) {
+            return Some(graph.clone());
+        }
+        let from = resized_from?;
+        let template = graphs.get(from)?;
+        let trace = resized_trace(&template.trace, from.size_map(class))?;
+        Some(Arc::new(Extracted { trace, origins: template.origins.clone(), rewrite: template.rewrite.clone() }))
     }
 
     fn dump(&self, probe: Probe, facts: FlushFacts<'_>, process: u32, sequence: u64) -> FlushDump {
         let signature = Signature::of(facts.recorded);
+        let class = ShapeClass::of(facts.recorded);
         let program = facts.program.clone();
-        let (graph, origins, rewrite) = match (self.graph(&signature, facts.prepared_graph), facts.fused) {
+        let graph = self.graph(&class, facts.prepared_graph, facts.resized_from);
+        let (graph, origins, rewrite) = match (graph, facts.fused) {
             (Some(x), true) => {
                 let rewrite = x.rewrite.as_ref().map(|r| RewriteDump::new(r, &self.rewrite_limits, facts.rewrote));
                 (Some(x.trace.clone()), x.origins.clone(), rewrite)
@@ -687,6 +900,7 @@ impl Dumps {
             sequence,
             preparation: if facts.fused { "fused" } else { "unfused" }.into(),
             signature: format!("{:016x}", signature.stable_hash()),
+            shape_class: format!("{:016x}", class.signature.stable_hash()),
             recorded: facts.recorded.clone(),
             call_sites: (0..facts.recorded.len())
                 .map(|n| facts.call_sites.get(n).copied().flatten().map(CallSite::from))
@@ -720,6 +934,21 @@ impl FlushDump {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a dump always serializes")
     }
+}
+
+/// `trace` with every size of its shapes and shape attributes mapped, as
+/// [`Program::resized`] maps a program's: the graph of a resized program.
+/// `None` when a size has no image.
+fn resized_trace(trace: &Trace, map: impl Fn(usize) -> Option<usize>) -> Option<Trace> {
+    let resize = |shape: &mut Shape| shape.iter_mut().try_for_each(|d| map(*d).map(|m| *d = m));
+    let mut t = trace.clone();
+    for node in &mut t.nodes {
+        resize(&mut node.meta.shape)?;
+        if let Some(shape) = node.op.shape_attr_mut() {
+            resize(shape)?;
+        }
+    }
+    Some(t)
 }
 
 /// Writes `dir/name` through a temporary file and a rename, so a reader never

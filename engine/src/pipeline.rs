@@ -79,6 +79,10 @@ pub struct Prepared {
     /// The rewrite report, when this preparation rewrote (a tier-1 or tier-3
     /// hit skips rewriting and has none).
     pub rewrite: Option<RewriteReport>,
+    /// When the program is the tier-1 template of its shape class resized to
+    /// this trace's sizes: the template's class, so a fusion dump can resize
+    /// the template's graph the same way.
+    pub resized_from: Option<ShapeClass>,
 }
 
 /// The trace the planner saw and where its nodes came from, for fusion dumps.
@@ -97,6 +101,8 @@ pub struct Extracted {
 struct Instance {
     program: Arc<Program>,
     executable: Arc<dyn Executable>,
+    /// The template's class, when this instance was resized from it.
+    resized_from: Option<ShapeClass>,
 }
 
 /// Everything tier 1 holds for one shape class.
@@ -131,7 +137,7 @@ impl Entry {
         let (from, template) = &self.template;
         let program = template.program.resized(from.size_map(class))?;
         let executable = template.executable.resized(&program)?;
-        Some(Instance { program: Arc::new(program), executable })
+        Some(Instance { program: Arc::new(program), executable, resized_from: Some(from.clone()) })
     }
 }
 
@@ -210,15 +216,16 @@ impl Pipeline {
                     entry.insert(class.sizes.clone(), instance.clone());
                 }),
             };
-            if let Some(Instance { program, executable }) = hit {
+            if let Some(Instance { program, executable, resized_from }) = hit {
                 count(&self.counters.tier1, true);
-                return Ok((executable, Prepared { program, rewrite: None }));
+                return Ok((executable, Prepared { program, rewrite: None, resized_from }));
             }
         }
         count(&self.counters.tier1, false);
         let prepared = self.program(trace, how, &Signature::of(trace))?;
         let executable = self.compile(&prepared.program)?;
-        let instance = Instance { program: prepared.program.clone(), executable: executable.clone() };
+        let instance =
+            Instance { program: prepared.program.clone(), executable: executable.clone(), resized_from: None };
         let mut programs = self.programs.lock().unwrap();
         match programs.get_mut(&key) {
             Some(entry) => entry.insert(class.sizes, instance),
@@ -254,7 +261,7 @@ impl Pipeline {
             Program::from_json(text).map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache")).ok()
         });
         if let Some(program) = from_disk {
-            return Ok(Prepared { program: Arc::new(program), rewrite: None });
+            return Ok(Prepared { program: Arc::new(program), rewrite: None, resized_from: None });
         }
         let prepared = self.prepare(trace, how)?;
         if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
@@ -265,7 +272,7 @@ impl Pipeline {
 
     fn prepare(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
         if how == Preparation::Unfused {
-            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None });
+            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None, resized_from: None });
         }
         let start = Instant::now();
         let (optimized, report, origins) = match optimize(trace, &self.rewrite) {
@@ -280,7 +287,8 @@ impl Pipeline {
         let start = Instant::now();
         if self.backend.fuses_itself() {
             // One module per flush; the backend's compiler (XLA) fuses it.
-            return Ok(Prepared { program: Arc::new(Program::unfused(&optimized)), rewrite: report });
+            let program = Arc::new(Program::unfused(&optimized));
+            return Ok(Prepared { program, rewrite: report, resized_from: None });
         }
         let program = plan(&optimized, &self.plan).or_else(|e| {
             tracing::warn!(error = %e, "planning failed; running the trace op by op");
@@ -294,7 +302,7 @@ impl Pipeline {
             let extracted = Extracted { trace: optimized, origins, rewrite: report.clone() };
             *self.last_extracted.lock().unwrap() = Some(Arc::new(extracted));
         }
-        Ok(Prepared { program: Arc::new(program), rewrite: report })
+        Ok(Prepared { program: Arc::new(program), rewrite: report, resized_from: None })
     }
 
     /// Everything the on-disk program depends on, in a canonical form.

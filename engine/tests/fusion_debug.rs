@@ -1,11 +1,12 @@
 //! Golden tests of fusion dumps and the `fusion-debug` CLI on the benchmark
-//! workloads (kernel and cluster counts, the reason for known cuts, the
-//! signature difference of a changed batch), and of the dump loader on
-//! damaged files. The HTML view in a real browser: `fusion_debug_browser.rs`.
+//! workloads (kernel and cluster counts, the reason for known cuts, a changed
+//! batch size resized within one context, shape classes that differ), and of
+//! the dump loader on damaged and older files. The HTML view in a real
+//! browser: `fusion_debug_browser.rs`.
 
 mod fusion_debug_common;
 
-use deferfuse::dump::{first_difference, DumpError, FlushDump, TierOutcome, DUMP_VERSION};
+use deferfuse::dump::{compare, first_difference, Comparison, DumpError, FlushDump, TierOutcome, DUMP_VERSION};
 use deferfuse::{Config, Mode};
 use fusion_debug_common::*;
 use rewrite_rules::CutReason;
@@ -116,28 +117,185 @@ fn explain_names_the_shape_change_after_a_transformer_projection() {
     );
 }
 
+/// The size difference of two traces of one shape class; panics otherwise.
+fn same_class(a: &FlushDump, b: &FlushDump) -> deferfuse::dump::SizeDifference {
+    match compare(&a.recorded, &b.recorded) {
+        Comparison::SameClass(size) => size,
+        other => panic!("expected one shape class, got {other:?}"),
+    }
+}
+
 #[test]
 fn diff_names_the_changed_batch_dimension() {
     let dir = TempDir::new("diff");
+    // Two contexts: tier 1 is per context, so B cannot find A's program.
     let a = run_workload(dir.path(), "mlp_block", 8);
     let b = run_workload(dir.path(), "mlp_block", 16);
     let (da, db) = (FlushDump::load(&a).unwrap(), FlushDump::load(&b).unwrap());
     assert_ne!(da.signature, db.signature);
+    assert_eq!(da.shape_class, db.shape_class, "a batch size is not part of the shape class");
+    assert_eq!(db.cache.tier1, TierOutcome::Miss);
     let difference = first_difference(&da.recorded, &db.recorded).unwrap();
     // Parameters are numbered in the order the ops read them: `w1.t()` reads W1 before x.
     assert_eq!(difference.node, Some(2), "{difference}");
     assert!(difference.what.contains("dimension 0: 8 vs 16"), "{difference}");
+    let size = same_class(&da, &db);
+    assert_eq!((size.node, size.dimension, size.a, size.b), (2, 0, 8, 16), "{size}");
 
     let out = cli(&["diff", path_str(&a), path_str(&b)]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("signatures differ"), "{text}");
+    assert!(text.contains(&format!("shape class {} (", da.shape_class)), "{text}");
+    assert!(text.contains("same shape class, different sizes; first size that differs:"), "{text}");
     assert!(text.contains("node 2 (param 1): shape [8, 64] vs [16, 64] (dimension 0: 8 vs 16)"), "{text}");
+    assert!(text.contains("on backend cpu (native, executables resize)"), "{text}");
+    assert!(text.contains("here B was a tier-1 miss: its context held no program of this shape class"), "{text}");
 
     // The same workload at the same batch: same signature.
     let c = run_workload(dir.path(), "mlp_block", 8);
     let text = stdout(&cli(&["diff", path_str(&a), path_str(&c)]));
     assert!(text.contains("same signature"), "{text}");
+}
+
+#[test]
+fn a_new_batch_size_in_one_context_is_resized_and_dumped_with_its_graph() {
+    let dir = TempDir::new("resized");
+    let ctx = dumping_context(dir.path());
+    let a = run_workload_in(&ctx, dir.path(), "mlp_block", 8);
+    let b = run_workload_in(&ctx, dir.path(), "mlp_block", 16);
+    let (da, db) = (FlushDump::load(&a).unwrap(), FlushDump::load(&b).unwrap());
+    assert_eq!(db.version, DUMP_VERSION);
+    assert_eq!(da.shape_class, db.shape_class);
+    assert_ne!(da.signature, db.signature);
+    assert_eq!(da.cache.tier1, TierOutcome::Miss);
+    assert_eq!((db.cache.tier1, db.cache.tier2), (TierOutcome::Resized, TierOutcome::Skipped));
+    assert_eq!((db.timings_ns.rewrite, db.timings_ns.plan, db.timings_ns.compile), (0, 0, 0));
+    assert_eq!(ctx.stats().cache.resized, 1);
+    // The template's graph, resized as the program was: `explain` works on it.
+    let (ga, gb) = (da.graph.as_ref().unwrap(), db.graph.as_ref().expect("the resized graph"));
+    assert_eq!(ga.len(), gb.len());
+    assert_eq!(gb.nodes.iter().map(|n| &n.meta).collect::<Vec<_>>(), db.program.values.iter().collect::<Vec<_>>());
+    assert_eq!(db.program.kernels.len(), da.program.kernels.len());
+    assert!(!db.rewrite.as_ref().expect("the template's rewrite report").ran_in_this_flush);
+    let x = gb.nodes.iter().position(|n| n.meta.shape.as_slice() == [16, 64]).expect("x at batch 16");
+    let text = stdout(&cli(&["explain", path_str(&b), "--op", &x.to_string()]));
+    assert!(text.contains(&format!("op #{x} ")) && text.contains("f32[16, 64]"), "{text}");
+
+    let size = same_class(&da, &db);
+    assert_eq!((size.node, size.dimension, size.a, size.b), (2, 0, 8, 16), "{size}");
+    let out = cli(&["diff", path_str(&a), path_str(&b)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("B's cache outcome: tier 1 resized, tier 2 -, tier 3 -"), "{text}");
+    assert!(text.contains("same shape class, different sizes; first size that differs:"), "{text}");
+    assert!(text.contains("node 2 (param 1): shape [8, 64] vs [16, 64] (dimension 0: 8 vs 16)"), "{text}");
+    assert!(text.contains("B reuses A's program resized to its sizes, with no rewrite, plan or compile"), "{text}");
+    assert!(text.contains("here B was resized"), "{text}");
+    assert!(!text.contains("recompile"), "{text}");
+
+    let text = stdout(&cli(&["summary", path_str(dir.path())]));
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("flush-")).collect();
+    // Cells are separated by at least two spaces ("12.0 KiB" holds one).
+    let t1 =
+        |row: &str| row.split("  ").map(str::trim).filter(|c| !c.is_empty()).nth(5).unwrap_or_default().to_string();
+    assert_eq!((t1(rows[0]).as_str(), t1(rows[1]).as_str()), ("miss", "resized"), "{text}");
+    assert!(
+        text.contains(
+            "2 flushes, 2 distinct signatures in 1 shape classes, 1 tier-1 misses (rewrite and plan ran), 1 resized"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_program_with_strided_views_is_planned_again_for_a_new_batch_and_diff_says_why() {
+    // The transformer block's attention matmuls read the heads through
+    // strided views, whose strides are compiled in: Program::resized refuses.
+    let dir = TempDir::new("strided");
+    let ctx = dumping_context(dir.path());
+    let a = run_workload_in(&ctx, dir.path(), "transformer_block", 2);
+    let b = run_workload_in(&ctx, dir.path(), "transformer_block", 8);
+    let (da, db) = (FlushDump::load(&a).unwrap(), FlushDump::load(&b).unwrap());
+    assert_eq!(da.shape_class, db.shape_class);
+    assert_eq!(db.cache.tier1, TierOutcome::Miss);
+    assert_eq!(ctx.stats().cache.resized, 0);
+    let size = same_class(&da, &db);
+    assert_eq!((size.node, size.dimension, size.a, size.b), (0, 0, 2, 8), "{size}");
+    let text = stdout(&cli(&["diff", path_str(&a), path_str(&b)]));
+    assert!(text.contains("node 0 (param 0): shape [2, 16, 64] vs [8, 16, 64] (dimension 0: 2 vs 8)"), "{text}");
+    assert!(text.contains("on backend cpu (native): A's program does not resize: kernel "), "{text}");
+    assert!(text.contains("(matmul over nodes ") && text.contains("reads a strided view"), "{text}");
+    assert!(
+        text.contains("here B was a tier-1 miss: its context held no program of this shape class that resizes"),
+        "{text}"
+    );
+}
+
+/// The diff of `a` and `b` when `b`'s dump says `backend`, and tier 1 missed.
+fn diff_as_if_on(backend: &str, dir: &std::path::Path, a: &std::path::Path, b: &std::path::Path) -> String {
+    let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(b).unwrap()).unwrap();
+    value["backend"] = backend.into();
+    value["cache"]["tier1"] = "miss".into();
+    let edited = dir.join(format!("{backend}.json"));
+    std::fs::write(&edited, value.to_string()).unwrap();
+    let out = cli(&["diff", path_str(a), path_str(&edited)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn diff_says_a_new_size_is_still_a_recompile_on_pjrt() {
+    let dir = TempDir::new("diff-pjrt");
+    let ctx = dumping_context(dir.path());
+    let a = run_workload_in(&ctx, dir.path(), "softmax", 8);
+    let b = run_workload_in(&ctx, dir.path(), "softmax", 16);
+    let text = diff_as_if_on("pjrt", dir.path(), &a, &b);
+    assert!(text.contains("same shape class, different sizes"), "{text}");
+    assert!(text.contains("node 0 (param 0): shape [8, 128] vs [16, 128] (dimension 0: 8 vs 16)"), "{text}");
+    assert!(text.contains("on backend pjrt (executables are compiled per size): B is still a recompile"), "{text}");
+    assert!(text.contains("here B was a tier-1 miss: it was rewritten and compiled for its own sizes"), "{text}");
+    assert!(!text.contains("B reuses A's program"), "{text}");
+    let text = diff_as_if_on("tpu-next", dir.path(), &a, &b);
+    assert!(text.contains("on backend tpu-next: a new size is resized where"), "{text}");
+}
+
+#[test]
+fn a_size_of_one_is_another_shape_class_and_diff_names_it() {
+    let dir = TempDir::new("diff-class");
+    let ctx = dumping_context(dir.path());
+    let a = run_workload_in(&ctx, dir.path(), "softmax", 1);
+    let b = run_workload_in(&ctx, dir.path(), "softmax", 4);
+    let (da, db) = (FlushDump::load(&a).unwrap(), FlushDump::load(&b).unwrap());
+    assert_ne!(da.shape_class, db.shape_class, "a size of 1 is literal in the shape class");
+    assert_eq!(db.cache.tier1, TierOutcome::Miss);
+    let Comparison::Different(difference) = compare(&da.recorded, &db.recorded) else { panic!("one class") };
+    assert_eq!(difference.node, Some(0), "{difference}");
+    let line = "node 0 (param 0): shape [1, 128] vs [4, 128]: dimension 0 is 1 vs 4; \
+                sizes 0 and 1 are part of the shape class (they decide broadcasting)";
+    assert_eq!(difference.what, line);
+    let out = cli(&["diff", path_str(&a), path_str(&b)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("shape classes differ, so B could not reuse A's program on any backend"), "{text}");
+    assert!(text.contains(line), "{text}");
+    assert!(text.contains("in A: first read by node 1 (max [1] keep) at") && text.contains("mod.rs"), "{text}");
+
+    // A batch equal to another size of the trace joins that size's symbol:
+    // also another class (the MLP block's width is 64).
+    let c = run_workload_in(&ctx, dir.path(), "mlp_block", 8);
+    let d = run_workload_in(&ctx, dir.path(), "mlp_block", 64);
+    let (dc, dd) = (FlushDump::load(&c).unwrap(), FlushDump::load(&d).unwrap());
+    assert_ne!(dc.shape_class, dd.shape_class);
+    let Comparison::Different(difference) = compare(&dc.recorded, &dd.recorded) else { panic!("one class") };
+    assert_eq!(difference.node, Some(2), "{difference}");
+    assert!(
+        difference.what.starts_with("node 2 (param 1): shape [8, 64] vs [64, 64]: dimension 0 is 8 vs 64;"),
+        "{difference}"
+    );
+    assert!(
+        difference.what.contains("in A it is a size of its own (8), in B the size of node 0's shape dimension 1 (64)"),
+        "{difference}"
+    );
 }
 
 #[test]
@@ -163,7 +321,7 @@ fn a_second_flush_of_the_same_ops_is_a_tier1_hit_and_keeps_its_graph() {
     assert!(summary.status.success(), "{}", stderr(&summary));
     let text = stdout(&summary);
     assert_eq!(text.lines().filter(|l| l.starts_with("flush-")).count(), 2, "{text}");
-    assert!(text.contains("2 flushes, 1 distinct signatures, 1 tier-1 misses"), "{text}");
+    assert!(text.contains("2 flushes, 1 distinct signatures in 1 shape classes, 1 tier-1 misses"), "{text}");
     assert!(text.contains("top time sinks:"), "{text}");
     let row = text.lines().nth(2).unwrap();
     assert!(row.contains("hit"), "{text}");
@@ -206,6 +364,10 @@ fn damaged_dumps_give_errors_never_panics() {
     let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut newer = value.clone();
     newer["version"] = (DUMP_VERSION + 1).into();
+    let newer_message = format!(
+        "written by a newer deferfuse (dump version {}; this build reads versions 1 to {DUMP_VERSION})",
+        DUMP_VERSION + 1
+    );
     let mut foreign = value.clone();
     foreign["format"] = "something-else".into();
     value["program"]["kernels"][0]["nodes"][0] = 9999.into();
@@ -215,7 +377,7 @@ fn damaged_dumps_give_errors_never_panics() {
         ("corrupt.json", text.replacen("\"recorded\"", "\"recorded\" 17", 1).into_bytes(), "corrupt fusion dump"),
         ("binary.json", vec![0xff, 0xfe, 0x00, 0x12], "not UTF-8"),
         ("empty.json", Vec::new(), "truncated"),
-        ("newer.json", newer.to_string().into_bytes(), "written by a newer deferfuse (dump version 2"),
+        ("newer.json", newer.to_string().into_bytes(), newer_message.as_str()),
         ("foreign.json", foreign.to_string().into_bytes(), "not a fusion dump"),
         (
             "out-of-range.json",
@@ -246,6 +408,24 @@ fn damaged_dumps_give_errors_never_panics() {
 }
 
 #[test]
+fn a_version_1_dump_still_loads_and_gets_its_shape_class() {
+    let text = real_dump_text();
+    let current = FlushDump::from_json(&text).unwrap();
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    value["version"] = 1.into();
+    value.as_object_mut().unwrap().remove("shape_class");
+    let old = FlushDump::from_json(&value.to_string()).unwrap();
+    assert_eq!(old.version, 1);
+    assert_eq!(old.shape_class, current.shape_class);
+    assert_eq!(old.shape_class.len(), 16);
+    let dir = TempDir::new("v1");
+    let path = dir.path().join("v1.json");
+    std::fs::write(&path, value.to_string()).unwrap();
+    let text = stdout(&cli(&["diff", path_str(&path), path_str(&path)]));
+    assert!(text.contains("same signature"), "{text}");
+}
+
+#[test]
 fn missing_paths_and_bad_requests_have_their_exit_codes() {
     let dir = TempDir::new("requests");
     let missing = dir.path().join("nope.json");
@@ -271,6 +451,7 @@ fn missing_paths_and_bad_requests_have_their_exit_codes() {
 
     let help = stdout(&cli(&["--help"]));
     assert!(help.contains("Exit codes:") && help.contains("3  the request does not fit the dump"), "{help}");
+    assert!(help.contains("0  success (for diff: whether or not the two flushes could share a program)"), "{help}");
 }
 
 #[test]
@@ -374,4 +555,56 @@ fn the_first_difference_names_a_dtype_an_op_a_constant_or_a_longer_trace() {
     assert_eq!(op.what, "node 3 (exp): op exp vs tanh");
     let longer = first_difference(&base, &build(DType::F32, 2.0, UnaryOp::Exp, true)).unwrap();
     assert_eq!(longer.what, "node count 4 vs 5: the second trace goes on with node 4 (neg)");
+}
+
+#[test]
+fn compare_sees_sizes_through_the_shape_class() {
+    use trace_ir::{BinaryOp, DType, Meta, Op, ShapeClass, Signature, Trace, UnaryOp};
+    let grow = |shape: &[usize], value: f64, extra: bool| {
+        let mut t = Trace::new();
+        let x = t.push_parameter(Meta::new(shape.iter().copied().collect(), DType::F32));
+        let c = t.push(Op::Full { value, shape: shape.iter().copied().collect(), dtype: DType::F32 }, &[]).unwrap();
+        let mut y = t.push(Op::Binary { kind: BinaryOp::Mul }, &[x, c]).unwrap();
+        if extra {
+            y = t.push(Op::Unary { kind: UnaryOp::Neg }, &[y]).unwrap();
+        }
+        t.outputs = vec![y];
+        t
+    };
+    let build = |shape: &[usize], value: f64| grow(shape, value, false);
+    let base = build(&[4, 8], 2.0);
+    let cases = [
+        (build(&[4, 8], 2.0), "same"),
+        (build(&[16, 8], 2.0), "node 0 (param 0): shape [4, 8] vs [16, 8] (dimension 0: 4 vs 16)"),
+        (build(&[4, 8, 2], 2.0), "node 0 (param 0): shape [4, 8] vs [4, 8, 2] (rank 2 vs 3)"),
+        (
+            build(&[16, 8], 3.0),
+            "node 1 (full 2): attributes (constants) {\"op\":\"full\",\"value\":2.0,\"shape\":[4,8],\"dtype\":\"f32\"} \
+             vs {\"op\":\"full\",\"value\":3.0,\"shape\":[16,8],\"dtype\":\"f32\"}",
+        ),
+        (
+            build(&[8, 8], 2.0),
+            "node 0 (param 0): shape [4, 8] vs [8, 8]: dimension 1 is 8 vs 8; in A it is a size of its own (8), \
+             in B the size of node 0's shape dimension 0 (8) (equal sizes share one symbol of the shape class)",
+        ),
+        // Other sizes, and one op more: the op count is what differs.
+        (grow(&[16, 8], 2.0, true), "node count 3 vs 4: the second trace goes on with node 3 (neg)"),
+    ];
+    for (other, expected) in cases {
+        let comparison = compare(&base, &other);
+        let what = match &comparison {
+            Comparison::Same => "same".to_string(),
+            Comparison::SameClass(size) => size.what.clone(),
+            Comparison::Different(d) => d.what.clone(),
+        };
+        assert_eq!(what, expected);
+        // It agrees with the keys themselves.
+        let same_class = ShapeClass::of(&base).signature == ShapeClass::of(&other).signature;
+        let same_signature = Signature::of(&base) == Signature::of(&other);
+        match comparison {
+            Comparison::Same => assert!(same_signature),
+            Comparison::SameClass(_) => assert!(same_class && !same_signature, "{expected}"),
+            Comparison::Different(_) => assert!(!same_class, "{expected}"),
+        }
+    }
 }

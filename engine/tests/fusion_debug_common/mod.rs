@@ -112,49 +112,53 @@ pub fn transformer_block(t: &[Tensor]) -> Result<Tensor> {
 /// The six workloads' names, as in `benches`.
 pub const WORKLOADS: [&str; 6] = ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"];
 
-/// Runs workload `name` once in a dumping context (with `batch` rows where
-/// the workload has a batch) and returns the one dump its flush wrote.
+/// Runs workload `name` once in a fresh dumping context (with `batch` rows
+/// where the workload has a batch) and returns the one dump its flush wrote.
 pub fn run_workload(dir: &Path, name: &str, batch: usize) -> PathBuf {
-    let ctx = dumping_context(dir);
+    run_workload_in(&dumping_context(dir), dir, name, batch)
+}
+
+/// [`run_workload`] in `ctx`, which dumps into `dir`: a second call at
+/// another batch size finds the first one's program in tier 1.
+pub fn run_workload_in(ctx: &Context, dir: &Path, name: &str, batch: usize) -> PathBuf {
     let before = listed(dir);
     let outputs = match name {
-        "gelu_tanh" => vec![gelu_tanh(&input(&ctx, &[batch, 256], 1, 3.0)).unwrap()],
+        "gelu_tanh" => vec![gelu_tanh(&input(ctx, &[batch, 256], 1, 3.0)).unwrap()],
         "layer_norm" => {
-            let (x, g, b) =
-                (input(&ctx, &[batch, 128], 2, 1.0), input(&ctx, &[128], 3, 1.0), input(&ctx, &[128], 4, 0.1));
+            let (x, g, b) = (input(ctx, &[batch, 128], 2, 1.0), input(ctx, &[128], 3, 1.0), input(ctx, &[128], 4, 0.1));
             vec![layer_norm(&x, &g, &b).unwrap()]
         }
-        "softmax" => vec![softmax(&input(&ctx, &[batch, 128], 5, 2.0)).unwrap()],
+        "softmax" => vec![softmax(&input(ctx, &[batch, 128], 5, 2.0)).unwrap()],
         "mlp_block" => {
             let (width, hidden) = (64, 256);
             let t = [
-                input(&ctx, &[batch, width], 6, 1.0),
-                input(&ctx, &[hidden, width], 7, 0.125),
-                input(&ctx, &[hidden], 8, 0.1),
-                input(&ctx, &[width, hidden], 9, 0.0625),
-                input(&ctx, &[width], 10, 0.1),
-                input(&ctx, &[width], 11, 1.0),
-                input(&ctx, &[width], 12, 0.1),
+                input(ctx, &[batch, width], 6, 1.0),
+                input(ctx, &[hidden, width], 7, 0.125),
+                input(ctx, &[hidden], 8, 0.1),
+                input(ctx, &[width, hidden], 9, 0.0625),
+                input(ctx, &[width], 10, 0.1),
+                input(ctx, &[width], 11, 1.0),
+                input(ctx, &[width], 12, 0.1),
             ];
             vec![mlp_block(&t).unwrap()]
         }
         "adam_step" => {
             let n = batch * 256;
-            let t: Vec<Tensor> = (0..4).map(|i| input(&ctx, &[n], 13 + i, 0.01)).collect();
+            let t: Vec<Tensor> = (0..4).map(|i| input(ctx, &[n], 13 + i, 0.01)).collect();
             adam_step(&t[0], &t[1], &t[2], &t[3]).unwrap()
         }
         "transformer_block" => {
             let (seq, width) = (16, 64);
-            let mut t = vec![input(&ctx, &[batch, seq, width], 20, 1.0)];
+            let mut t = vec![input(ctx, &[batch, seq, width], 20, 1.0)];
             for (i, shape) in
                 [[width, width], [width, width], [width, width], [width, width], [4 * width, width], [width, 4 * width]]
                     .iter()
                     .enumerate()
             {
-                t.push(input(&ctx, shape, 21 + i as u64, 0.125));
+                t.push(input(ctx, shape, 21 + i as u64, 0.125));
             }
             for i in 0..4 {
-                t.push(input(&ctx, &[width], 30 + i, 0.1));
+                t.push(input(ctx, &[width], 30 + i, 0.1));
             }
             vec![transformer_block(&t).unwrap()]
         }

@@ -10,7 +10,7 @@ use crate::human_bytes;
 
 pub fn explain(dump: &FlushDump, n: NodeId) -> Result<String, String> {
     let Some(graph) = &dump.graph else {
-        return Err("this dump has no graph (its program came from the on-disk cache); rerun with TORCH_TPU_CACHE_DIR=off to see one".into());
+        return Err("this dump has no graph (its program came from the on-disk cache, directly or resized); rerun with TORCH_TPU_CACHE_DIR=off to see one".into());
     };
     if n >= graph.len() {
         return Err(format!("no op {n}: the graph has ops 0 to {}", graph.len().saturating_sub(1)));

@@ -96,6 +96,7 @@ fn overview(dump: &FlushDump) -> String {
     let ops = dump.recorded.nodes.iter().filter(|n| !matches!(n.op, trace_ir::Op::Parameter { .. })).count();
     let rows = [
         ("signature", format!("<code>{}</code>", esc(&dump.signature))),
+        ("shape class", format!("<code>{}</code>", esc(&dump.shape_class))),
         ("backend", format!("{} ({})", esc(&dump.backend), esc(&dump.preparation))),
         ("ops recorded", ops.to_string()),
         ("kernels", dump.program.kernels.len().to_string()),
@@ -144,7 +145,7 @@ fn rules(dump: &FlushDump) -> String {
         return s;
     };
     if !r.ran_in_this_flush {
-        s.push_str("<p>Tier-1 hit: the rewrite did not run again; these are the rules of the flush that built the program.</p>\n");
+        s.push_str("<p>Tier-1 hit: the rewrite did not run again; these are the rules of the flush that built the program (for a resized program, at that flush's sizes).</p>\n");
     }
     let _ = writeln!(
         s,

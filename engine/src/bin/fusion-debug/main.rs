@@ -19,7 +19,7 @@ use deferfuse::dump::{DumpError, FlushDump};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  success
+  0  success (for diff: whether or not the two flushes could share a program)
   1  a dump is missing, unreadable, truncated, corrupt, inconsistent or from a newer deferfuse
   2  bad command line
   3  the request does not fit the dump (no such op, no graph in the dump)
@@ -37,7 +37,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// A table of flushes: ops, kernels, bytes materialized, cache outcome
-    /// per tier, time per phase; then the top time sinks.
+    /// per tier (tier 1 `resized`: another size of a cached shape class),
+    /// time per phase; then the top time sinks.
     Summary {
         /// A dump directory, or one dump file.
         path: PathBuf,
@@ -59,8 +60,10 @@ enum Command {
         #[arg(long = "op")]
         op: usize,
     },
-    /// Why two flushes missed each other in the cache: the first field of
-    /// their signatures that differs.
+    /// Why two flushes did or did not share a program: the same signature;
+    /// the same shape class with other sizes (the first size that differs,
+    /// and whether B's backend resizes or recompiles); or the first field in
+    /// which their shape classes differ.
     Diff { a: PathBuf, b: PathBuf },
 }
 

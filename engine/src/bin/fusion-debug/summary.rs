@@ -55,14 +55,18 @@ pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
     }
     let mut s = table(&rows);
     let total: u64 = dumps.iter().map(|(_, d)| d.timings_ns.total()).sum();
-    let misses = dumps.iter().filter(|(_, d)| d.cache.tier1 == TierOutcome::Miss).count();
+    let tier1 = |outcome| dumps.iter().filter(|(_, d)| d.cache.tier1 == outcome).count();
     let signatures: BTreeSet<&str> = dumps.iter().map(|(_, d)| d.signature.as_str()).collect();
+    let classes: BTreeSet<&str> = dumps.iter().map(|(_, d)| d.shape_class.as_str()).collect();
     let _ = writeln!(
         s,
-        "\n{} flushes, {} distinct signatures, {} tier-1 misses (rewrite and plan ran), {} in all phases",
+        "\n{} flushes, {} distinct signatures in {} shape classes, {} tier-1 misses (rewrite and plan ran), \
+         {} resized (no rewrite, plan or compile), {} in all phases",
         dumps.len(),
         signatures.len(),
-        misses,
+        classes.len(),
+        tier1(TierOutcome::Miss),
+        tier1(TierOutcome::Resized),
         human_ns(total)
     );
     sinks.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
