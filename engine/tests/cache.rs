@@ -177,3 +177,45 @@ fn a_new_batch_size_compiles_nothing_on_the_native_backend() {
     assert_eq!((stats.rewrite_ns, stats.plan_ns, stats.compile_ns), (planned.rewrite_ns, planned.plan_ns, planned.compile_ns));
     assert_eq!(stats.resized, 2, "batch 24 and 40 are resized from batch 6, then found: {stats:?}");
 }
+
+/// Attention over heads split with reshape, permute and slices: the
+/// matmuls read their operands through strided views.
+fn sized_attention(ctx: &Context, w: &Tensor, batch: usize) -> Result<Vec<f32>> {
+    let (seq, width, heads) = (16, 32, 4);
+    let x = ctx.from_vec((0..batch * seq * width).map(|i| ((i * 5) % 19) as f32 * 0.1 - 0.9).collect(), &[batch, seq, width])?;
+    let qkv = x.matmul(w)?;
+    let head = |i: i64| -> Result<Tensor> {
+        let part = qkv.slice(-1, i * width as i64, (i + 1) * width as i64, 1)?;
+        part.reshape(&[batch, seq, heads, width / heads])?.permute(&[0, 2, 1, 3])
+    };
+    let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+    let scores = q.matmul(&k.transpose(-1, -2)?)?.mul(0.35)?.softmax(-1)?;
+    let out = scores.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape(&[batch, seq, width])?;
+    out.to_vec::<f32>()
+}
+
+#[test]
+fn strided_views_resize_with_the_batch() {
+    let ctx = fused(None);
+    let reference = Context::new(Config { mode: Mode::Strict, fusion: false, ..Config::default() }).unwrap();
+    let w = ctx.randn(&[32, 96], DType::F32, 4).unwrap();
+    let w_ref = reference.from_vec(w.to_vec::<f32>().unwrap(), &[32, 96]).unwrap();
+    sized_attention(&ctx, &w, 2).unwrap();
+    let program = ctx.last_flush().expect("a flush ran");
+    let planned = ctx.stats().cache;
+    // (Not 8: a batch equal to the head size is another shape class.)
+    for batch in [6, 5, 2, 6] {
+        let got = sized_attention(&ctx, &w, batch).unwrap();
+        let want = sized_attention(&reference, &w_ref, batch).unwrap();
+        assert_eq!(got.len(), batch * 16 * 32);
+        let tol = deferfuse::differential::tolerance(DType::F32);
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(deferfuse::differential::close(*g as f64, *e as f64, tol), "batch {batch}, element {i}: {g} vs {e}");
+        }
+    }
+    let stats = ctx.stats().cache;
+    assert!(program.kernels > 1, "the block was fused into {} kernels", program.kernels);
+    assert_eq!(stats.tier2.misses, planned.tier2.misses, "a new batch size compiled: {stats:?}");
+    assert_eq!((stats.rewrite_ns, stats.plan_ns), (planned.rewrite_ns, planned.plan_ns));
+    assert_eq!(stats.resized, 2, "batch 6 and 5 are resized from batch 2, then found: {stats:?}");
+}

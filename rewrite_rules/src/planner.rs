@@ -63,7 +63,7 @@ use trace_ir::shape::numel;
 use trace_ir::{BinaryOp, DType, Error, NodeId, Op, ReduceOp, Result, Shape, Trace, UnaryOp};
 
 use crate::program::{
-    live_nodes, Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Reg, Store,
+    fold_layout, live_nodes, row_major, Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Reg, Store,
     View, PROGRAM_FORMAT_VERSION,
 };
 
@@ -224,14 +224,6 @@ fn aligned(shape: &[usize], frame: Frame, s: &[usize], k: usize) -> Option<Shape
             Some(a)
         }
     }
-}
-
-fn row_major(shape: &[usize]) -> SmallVec<[usize; 6]> {
-    let mut s: SmallVec<[usize; 6]> = SmallVec::from_elem(1, shape.len());
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1].saturating_mul(shape[i + 1]);
-    }
-    s
 }
 
 /// The value of a literal as it is stored in its dtype, read back as f32.
@@ -452,50 +444,13 @@ impl<'a> Planner<'a> {
         }
         let base = cur;
         let base_shape = self.shape(base).clone();
-        let mut shape = base_shape.clone();
-        let mut strides = row_major(&shape);
-        let mut offset = 0usize;
-        let mut below = base;
-        for &v in chain.iter().rev() {
-            match &self.t.nodes[v].op {
-                Op::Permute { perm } => {
-                    shape = perm.iter().map(|&p| shape[p]).collect();
-                    strides = perm.iter().map(|&p| strides[p]).collect();
-                }
-                Op::Expand { shape: to } => {
-                    let lead = to.len() - shape.len();
-                    let mut st: SmallVec<[usize; 6]> = SmallVec::from_elem(0, lead);
-                    for (i, &s) in strides.iter().enumerate() {
-                        st.push(if shape[i] == 1 && to[lead + i] != 1 { 0 } else { s });
-                    }
-                    shape = to.clone();
-                    strides = st;
-                }
-                Op::Slice { axis, start, step, .. } => {
-                    offset += start * strides[*axis];
-                    strides[*axis] *= step;
-                    shape = self.shape(v).clone();
-                }
-                Op::Reshape { shape: to } => {
-                    if strides == row_major(&shape) || numel(&shape) <= 1 {
-                        strides = row_major(to);
-                    } else {
-                        // Only size-1 dimensions may come and go.
-                        let a: Vec<(usize, usize)> =
-                            shape.iter().zip(&strides).filter(|(d, _)| **d != 1).map(|(d, s)| (*d, *s)).collect();
-                        let b: Vec<usize> = to.iter().copied().filter(|&d| d != 1).collect();
-                        if a.len() != b.len() || a.iter().zip(&b).any(|(x, y)| x.0 != *y) {
-                            return Err((below, CutReason::ShapeChange));
-                        }
-                        let mut it = a.iter();
-                        strides = to.iter().map(|&d| if d == 1 { 0 } else { it.next().map_or(0, |p| p.1) }).collect();
-                    }
-                    shape = to.clone();
-                }
-                _ => return Err((v, CutReason::ShapeChange)),
-            }
-            below = v;
-        }
+        let steps: Vec<Op> = chain.iter().rev().map(|&v| self.t.nodes[v].op.clone()).collect();
+        let (shape, strides, offset) = fold_layout(&base_shape, &steps).map_err(|i| {
+            // A reshape that does not fold cuts below itself; any other step at itself.
+            let at = chain.len() - 1 - i;
+            let below = if i == 0 { base } else { chain[at + 1] };
+            (if matches!(steps[i], Op::Reshape { .. }) { below } else { chain[at] }, CutReason::ShapeChange)
+        })?;
         let view = if chain.is_empty() || (shape == base_shape && offset == 0 && strides == row_major(&shape)) {
             View::Direct
         } else if shape.len() >= 2 && shape.len() == base_shape.len() && offset == 0 && {
@@ -508,7 +463,7 @@ impl<'a> Planner<'a> {
         } {
             View::Transposed
         } else {
-            View::Strided { shape, strides, offset, source: base_shape }
+            View::Strided { shape, strides, offset, source: base_shape, steps }
         };
         Ok((base, view, chain))
     }

@@ -33,6 +33,7 @@
 
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+use trace_ir::shape::numel;
 use trace_ir::{BinaryOp, DType, Meta, NodeId, Op, ReduceOp, Shape, Trace, UnaryOp};
 
 /// Id of a value: the trace node that produces it.
@@ -42,7 +43,7 @@ pub type ValueId = NodeId;
 pub type Reg = usize;
 
 /// Format version of the serialized program (part of the fingerprint).
-pub const PROGRAM_FORMAT_VERSION: u32 = 1;
+pub const PROGRAM_FORMAT_VERSION: u32 = 2;
 
 /// What a backend compiles: parameters, kernels in execution order, outputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,9 +102,10 @@ pub enum View {
     Direct,
     /// The buffer with its last two dimensions swapped (a folded transpose).
     Transposed,
-    /// A fixed strided window of the buffer: element `i` (multi-index over
-    /// `shape`) is at `offset + sum(i[d] * strides[d])`. Sizes are fixed at
-    /// compile time; the buffer must have `source` shape.
+    /// A strided window of the buffer: element `i` (multi-index over
+    /// `shape`) is at `offset + sum(i[d] * strides[d])`. The buffer must have
+    /// `source` shape; `shape`, `strides` and `offset` are `steps` folded
+    /// over it ([`fold_layout`]), so a resized program folds them again.
     Strided {
         /// The viewed shape.
         shape: Shape,
@@ -113,7 +115,64 @@ pub enum View {
         offset: usize,
         /// The shape the buffer must have.
         source: Shape,
+        /// The layout ops (permute, expand, slice, reshape) from the buffer
+        /// to the view, the first applied first.
+        steps: Vec<Op>,
     },
+}
+
+/// Row-major element strides of `shape`.
+pub fn row_major(shape: &[usize]) -> SmallVec<[usize; 6]> {
+    let mut s: SmallVec<[usize; 6]> = SmallVec::from_elem(1, shape.len());
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1].saturating_mul(shape[i + 1]);
+    }
+    s
+}
+
+/// The shape, strides and offset of `steps` applied to a row-major buffer
+/// of shape `source`, or the index of the first step that is no strided
+/// window of what it reads (a reshape that merges or splits strided
+/// dimensions, or an op that is not a layout op).
+pub fn fold_layout(source: &[usize], steps: &[Op]) -> std::result::Result<(Shape, SmallVec<[usize; 6]>, usize), usize> {
+    let mut shape: Shape = source.into();
+    let mut strides = row_major(source);
+    let mut offset = 0usize;
+    for (i, op) in steps.iter().enumerate() {
+        let read = Meta::new(shape.clone(), DType::F32);
+        let out = trace_ir::infer(op, &[&read]).map_err(|_| i)?.shape;
+        match op {
+            Op::Permute { perm } => strides = perm.iter().map(|&p| strides[p]).collect(),
+            Op::Expand { .. } => {
+                let lead = out.len() - shape.len();
+                let mut st: SmallVec<[usize; 6]> = SmallVec::from_elem(0, lead);
+                st.extend(strides.iter().enumerate().map(|(d, &s)| if shape[d] == 1 && out[lead + d] != 1 { 0 } else { s }));
+                strides = st;
+            }
+            Op::Slice { axis, start, step, .. } => {
+                offset += start * strides[*axis];
+                strides[*axis] *= step;
+            }
+            Op::Reshape { .. } => {
+                if strides == row_major(&shape) || numel(&shape) <= 1 {
+                    strides = row_major(&out);
+                } else {
+                    // Only size-1 dimensions may come and go.
+                    let kept: Vec<(usize, usize)> =
+                        shape.iter().zip(&strides).filter(|(d, _)| **d != 1).map(|(d, s)| (*d, *s)).collect();
+                    let to: Vec<usize> = out.iter().copied().filter(|&d| d != 1).collect();
+                    if kept.len() != to.len() || kept.iter().zip(&to).any(|(x, y)| x.0 != *y) {
+                        return Err(i);
+                    }
+                    let mut it = kept.iter();
+                    strides = out.iter().map(|&d| if d == 1 { 0 } else { it.next().map_or(0, |p| p.1) }).collect();
+                }
+            }
+            _ => return Err(i),
+        }
+        shape = out;
+    }
+    Ok((shape, strides, offset))
 }
 
 impl View {
@@ -375,9 +434,9 @@ impl Program {
 
     /// The same program over other sizes of the same ranks and broadcast
     /// pattern: every size `d` of a value shape or shape attribute becomes
-    /// `map(d)`. `None` when a size has no image, or the program fixes sizes
-    /// that do not follow from the shapes (a strided view's strides and
-    /// offset), so it must be planned again.
+    /// `map(d)`; strided views are folded again from their resized steps.
+    /// `None` when a size has no image or a view no longer folds (then the
+    /// trace must be planned again).
     pub fn resized(&self, map: impl Fn(usize) -> Option<usize>) -> Option<Program> {
         let resize = |shape: &mut Shape| -> Option<()> {
             for d in shape.iter_mut() {
@@ -385,11 +444,23 @@ impl Program {
             }
             Some(())
         };
-        let fixed = |v: &View| matches!(v, View::Strided { .. });
+        let refold = |view: &mut View| -> Option<()> {
+            if let View::Strided { shape, strides, offset, source, steps } = view {
+                resize(source)?;
+                for step in steps.iter_mut() {
+                    if let Some(s) = step.shape_attr_mut() {
+                        resize(s)?;
+                    }
+                }
+                (*shape, *strides, *offset) = fold_layout(source, steps).ok()?;
+            }
+            Some(())
+        };
         let loop_ok = |l: &mut LoopKernel| -> Option<()> {
-            let strided = l.instrs.iter().any(|i| matches!(i, Instr::Load { view, .. } if fixed(view)));
-            if strided {
-                return None;
+            for instr in &mut l.instrs {
+                if let Instr::Load { view, .. } = instr {
+                    refold(view)?;
+                }
             }
             resize(&mut l.shape)
         };
@@ -406,9 +477,8 @@ impl Program {
                 }
                 KernelKind::Loop(l) => loop_ok(l)?,
                 KernelKind::MatMul(mm) => {
-                    if fixed(&mm.lhs) || fixed(&mm.rhs) {
-                        return None;
-                    }
+                    refold(&mut mm.lhs)?;
+                    refold(&mut mm.rhs)?;
                     resize(&mut mm.shape)?;
                     if let Some(e) = &mut mm.epilogue {
                         loop_ok(e)?;

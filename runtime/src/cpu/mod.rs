@@ -30,7 +30,7 @@ mod rows;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
-use rewrite_rules::program::{KernelKind, Program};
+use rewrite_rules::program::{Instr, KernelKind, LoopKernel, Program, View};
 use trace_ir::{Error, Meta, Op, Result};
 
 pub use elementwise::{gelu_erf, gelu_tanh, int_pow, sigmoid};
@@ -361,13 +361,27 @@ impl Executable for CpuExecutable {
         if program.kernels.len() != self.kernels.len() {
             return None;
         }
+        let metas = |ids: &[usize]| ids.iter().map(|&i| program.values[i].clone()).collect::<Vec<Meta>>();
+        // Fused kernels are shared across sizes, except those that read a
+        // strided view: its strides and offset are fixed in the kernel, so
+        // it is built again (no code is generated; this is cheap).
         let kernels = program
             .kernels
             .iter()
             .zip(&self.kernels)
             .map(|(kernel, compiled)| match (&kernel.kind, compiled) {
                 (KernelKind::Single { op }, Compiled::Single(_)) => Some(Compiled::Single(op.clone())),
+                (KernelKind::Loop(l), Compiled::Loop(_)) if strided(l) => {
+                    let exec = fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false).ok()?;
+                    Some(Compiled::Loop(Arc::new(exec)))
+                }
                 (KernelKind::Loop(_), Compiled::Loop(l)) => Some(Compiled::Loop(l.clone())),
+                (KernelKind::MatMul(mm), Compiled::MatMul(_))
+                    if [&mm.lhs, &mm.rhs].iter().any(|v| matches!(v, View::Strided { .. })) || mm.epilogue.as_ref().is_some_and(strided) =>
+                {
+                    let exec = fused::MatMulExec::new(mm, metas(&kernel.inputs), metas(&kernel.outputs)).ok()?;
+                    Some(Compiled::MatMul(Arc::new(exec)))
+                }
                 (KernelKind::MatMul(_), Compiled::MatMul(m)) => Some(Compiled::MatMul(m.clone())),
                 _ => None,
             })
@@ -375,6 +389,11 @@ impl Executable for CpuExecutable {
         let (uses, tracker) = (self.uses.clone(), self.tracker.clone());
         Some(Arc::new(CpuExecutable { program: program.clone(), kernels, uses, tracker }))
     }
+}
+
+/// Whether a loop reads a strided view.
+fn strided(l: &LoopKernel) -> bool {
+    l.instrs.iter().any(|i| matches!(i, Instr::Load { view: View::Strided { .. }, .. }))
 }
 
 /// Names the kernel and the ops fused into it in a runtime failure.

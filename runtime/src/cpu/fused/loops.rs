@@ -169,7 +169,7 @@ pub(crate) fn view_geometry(view: &View, source: &[usize]) -> Result<(Shape, Str
             st.swap(r - 2, r - 1);
             (s, st, 0)
         }
-        View::Strided { shape, strides, offset, source: want } => {
+        View::Strided { shape, strides, offset, source: want, .. } => {
             if want.as_slice() != source {
                 return Err(internal(format!(
                     "a strided view expects a buffer of shape {:?}, got {source:?}",
