@@ -34,3 +34,27 @@ fn fuzz_corpus_agrees() {
     }
     assert!(count >= 10, "corpus at {} has {count} files", dir.display());
 }
+
+/// Reductions over empty rows still produce their rows, and what follows
+/// them in the kernel runs: `sum` of nothing is 0 and `mean` is NaN, as in
+/// Strict (and PyTorch).
+#[test]
+fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
+    use deferfuse::{Config, Context, DType, Mode};
+    let run = |mode| -> Vec<Vec<f32>> {
+        let ctx = Context::new(Config { mode, ..Config::default() }).unwrap();
+        let all = ctx.ones(&[0, 3], DType::F32).unwrap();
+        let rows = ctx.ones(&[4, 0], DType::F32).unwrap();
+        let outs = [
+            all.sum(&[0, 1], false).unwrap().add(1.0).unwrap(),
+            rows.sum(&[-1], false).unwrap().add(1.0).unwrap().exp().unwrap(),
+            rows.mean(&[-1], true).unwrap().mul(2.0).unwrap(),
+        ];
+        outs.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
+    };
+    let (fused, strict) = (run(Mode::DeferAndFuse), run(Mode::Strict));
+    assert_eq!(fused[0], vec![1.0]);
+    assert_eq!(fused[1], vec![std::f32::consts::E; 4]);
+    assert!(fused[2].len() == 4 && fused[2].iter().all(|v| v.is_nan()), "{:?}", fused[2]);
+    assert_eq!(format!("{fused:?}"), format!("{strict:?}"));
+}

@@ -636,7 +636,7 @@ impl LoopExec {
             };
             scalars[reg] = v;
         }
-        if total == 0 {
+        if rows == 0 {
             return Ok(());
         }
         let donated: Vec<bool> = donors.iter().map(Option::is_some).collect();
