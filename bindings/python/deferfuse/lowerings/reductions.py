@@ -28,16 +28,24 @@ def sum_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | N
     return _reduce_dtype(self, dtype).reduce("sum", dims(self, dim), keepdim)
 
 
+def _mean(x: ET, axes: list[int], keepdim: bool) -> ET:
+    if len(x.shape) and any(x.shape[a] == 0 for a in axes):
+        # The mean of no elements is 0 / 0, NaN, as in PyTorch (the engine's
+        # mean of an empty reduction is 0).
+        return x.reduce("sum", axes, keepdim).binary("div", 0.0)
+    return x.reduce("mean", axes, keepdim)
+
+
 @lower("mean.default")
 def mean_all(self: ET, *, dtype: torch.dtype | None = None) -> ET:
-    return _reduce_dtype(self, dtype).reduce("mean", dims(self, None), False)
+    return _mean(_reduce_dtype(self, dtype), dims(self, None), False)
 
 
 @lower("mean.dim")
 def mean_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> ET:
     if len(self.shape) == 0:
         return _reduce_dtype(self, dtype).reduce("mean", [], False)
-    return _reduce_dtype(self, dtype).reduce("mean", dims(self, dim), keepdim)
+    return _mean(_reduce_dtype(self, dtype), dims(self, dim), keepdim)
 
 
 @lower("prod.default")
