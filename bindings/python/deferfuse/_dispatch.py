@@ -310,7 +310,17 @@ def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
 #: are listed (see bindings/conformance/opinfo.py); the others would trade one
 #: CPU fallback for several. `_DEFERFUSE_DECOMPOSE=all` (a developer knob, read
 #: at import) tries every decomposition, to find new ones.
-DECOMPOSED: frozenset[str] = frozenset()
+DECOMPOSED: frozenset[str] = frozenset({
+    "aten::_prelu_kernel", "aten::aminmax", "aten::channel_shuffle", "aten::clamp_max.Tensor",
+    "aten::clamp_min.Tensor", "aten::clamp_min_.Tensor", "aten::count_nonzero.dim_IntList", "aten::cumprod",
+    "aten::floor_divide", "aten::glu", "aten::hardshrink", "aten::heaviside", "aten::huber_loss",
+    "aten::isin.Tensor_Tensor", "aten::log_sigmoid_forward", "aten::logaddexp", "aten::logaddexp2", "aten::mish",
+    "aten::mse_loss", "aten::multi_margin_loss", "aten::multilabel_margin_loss_forward", "aten::nan_to_num.out",
+    "aten::nansum", "aten::narrow_copy", "aten::native_dropout_backward", "aten::norm.ScalarOpt_dim",
+    "aten::pixel_shuffle", "aten::pixel_unshuffle", "aten::renorm", "aten::sinc", "aten::smooth_l1_loss",
+    "aten::softshrink", "aten::special_entr", "aten::special_xlog1py", "aten::trace", "aten::vdot",
+    "aten::xlogy.Tensor",
+})
 
 _decomposing: set[str] = set()
 

@@ -30,9 +30,15 @@ def sum_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | N
 
 def _mean(x: ET, axes: list[int], keepdim: bool) -> ET:
     if len(x.shape) and any(x.shape[a] == 0 for a in axes):
-        # The mean of no elements is 0 / 0, NaN, as in PyTorch (the engine's
-        # mean of an empty reduction is 0).
-        return x.reduce("sum", axes, keepdim).binary("div", 0.0)
+        # The mean of no elements is 0 / 0, NaN, as in PyTorch, whatever the
+        # (absent) values: a constant. (The engine's mean of an empty
+        # reduction is 0.)
+        if not is_float(x):
+            raise Unsupported("mean of an empty integer tensor")
+        rank = len(x.shape)
+        picked = {a % rank for a in axes}
+        shape = [1 if a in picked else n for a, n in enumerate(x.shape) if keepdim or a not in picked]
+        return eng().full(float("nan"), shape, x.dtype)
     return x.reduce("mean", axes, keepdim)
 
 
