@@ -51,6 +51,8 @@ class OpRow:
     fell_back: int = 0
     first_problem: str = ""
     fallback_ops: set[str] = field(default_factory=set)
+    # aten op -> samples of this OpInfo op in which it fell back
+    fallback_samples: dict[str, int] = field(default_factory=dict)
 
 
 def _to_tpu(x: Any) -> Any:
@@ -123,6 +125,8 @@ def run_op(op: Any, dtype: torch.dtype, max_samples: int | None = None) -> OpRow
         if used:
             row.fell_back += 1
             row.fallback_ops |= set(used)
+            for aten_op in used:
+                row.fallback_samples[aten_op] = row.fallback_samples.get(aten_op, 0) + 1
     return row
 
 
@@ -138,6 +142,18 @@ def select_ops(names: list[str] | None, dtype: torch.dtype) -> list[Any]:
             continue
         chosen.append(op)
     return chosen
+
+
+def top_fallbacks(rows: list[OpRow]) -> list[tuple[str, int, list[str]]]:
+    """Each aten op that fell back, with the number of samples in which it did
+    and the OpInfo ops whose samples those were, most samples first."""
+    samples: dict[str, int] = {}
+    users: dict[str, list[str]] = {}
+    for r in rows:
+        for aten_op, n in r.fallback_samples.items():
+            samples[aten_op] = samples.get(aten_op, 0) + n
+            users.setdefault(aten_op, []).append(r.name)
+    return sorted(((k, v, users[k]) for k, v in samples.items()), key=lambda t: (-t[1], t[0]))
 
 
 def run(mode: str, dtype: torch.dtype, names: list[str] | None = None, max_samples: int | None = None,
@@ -164,6 +180,8 @@ def main() -> None:
     parser.add_argument("--max-samples", type=int, help="at most this many samples per op")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--verbose", action="store_true", help="print each op as it finishes (stderr)")
+    parser.add_argument("--top-fallbacks", type=int, metavar="N", default=0,
+                        help="end with the N aten ops in the most samples that fell back")
     a = parser.parse_args()
     names = a.ops.split(",") if a.ops else None
     result = run(a.mode, DTYPES[a.dtype], names, a.max_samples, a.verbose)
@@ -180,8 +198,13 @@ def main() -> None:
     )
     fallbacks = deferfuse.fallback_counts()
     print("ops through the CPU fallback (calls):", ", ".join(f"{k} {v}" for k, v in fallbacks.most_common()))
+    if a.top_fallbacks:
+        print(f"\naten ops by samples that fell back through them (top {a.top_fallbacks}):")
+        for aten_op, count, users in top_fallbacks(rows)[: a.top_fallbacks]:
+            print(f"  {count:6d}  {aten_op:45s} {', '.join(users[:6])}{' ...' if len(users) > 6 else ''}")
     if a.json:
         result["fallback_ops"] = dict(fallbacks)
+        result["fallback_samples"] = {op: n for op, n, _ in top_fallbacks(rows)}
         print(json.dumps(result))
 
 

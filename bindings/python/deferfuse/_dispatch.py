@@ -301,6 +301,79 @@ def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
     return kernel
 
 
+# ---- PyTorch's own decompositions ------------------------------------------------
+
+#: Ops without a lowering that run as PyTorch's own decomposition
+#: (`torch._decomp.decomposition_table`) over `tpu` tensors: each op of the
+#: decomposition then takes its own path (a lowering, a view, ...). Only ops
+#: whose decompositions were measured to lower completely on the OpInfo samples
+#: are listed (see bindings/conformance/opinfo.py); the others would trade one
+#: CPU fallback for several. `_DEFERFUSE_DECOMPOSE=all` (a developer knob, read
+#: at import) tries every decomposition, to find new ones.
+DECOMPOSED: frozenset[str] = frozenset({
+    "aten::_prelu_kernel", "aten::aminmax", "aten::channel_shuffle", "aten::clamp_max.Tensor",
+    "aten::clamp_min.Tensor", "aten::clamp_min_.Tensor", "aten::count_nonzero.dim_IntList", "aten::cumprod",
+    "aten::floor_divide", "aten::glu", "aten::hardshrink", "aten::heaviside", "aten::huber_loss",
+    "aten::isin.Tensor_Tensor", "aten::log_sigmoid_forward", "aten::logaddexp", "aten::logaddexp2", "aten::mish",
+    "aten::mse_loss", "aten::multi_margin_loss", "aten::multilabel_margin_loss_forward", "aten::nan_to_num.out",
+    "aten::nansum", "aten::narrow_copy", "aten::native_dropout_backward", "aten::norm.ScalarOpt_dim",
+    "aten::pixel_shuffle", "aten::pixel_unshuffle", "aten::renorm", "aten::sinc", "aten::smooth_l1_loss",
+    "aten::softshrink", "aten::special_entr", "aten::special_xlog1py", "aten::trace", "aten::vdot",
+    "aten::xlogy.Tensor",
+})
+
+_decomposing: set[str] = set()
+
+
+def _engine_operands(args: Any, kwargs: dict) -> bool:
+    """Every tensor is on `tpu` with an engine dtype (or a CPU scalar), and no
+    dtype argument asks for one the engine lacks."""
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, (list, tuple)):
+            if not _engine_operands(x, {}):
+                return False
+        elif isinstance(x, torch.Tensor):
+            if x.dtype not in _handles.TO_ENGINE or (x.device.type != "tpu" and x.dim() != 0):
+                return False
+        elif isinstance(x, torch.dtype) and x not in _handles.TO_ENGINE:
+            return False
+    return True
+
+
+def decomposed_kernel(op: torch._ops.OpOverload, decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    name = op.name()
+    mutable = op._schema.is_mutable
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if name in _decomposing:
+            return cpu_fallback(op, *args, why="its decomposition calls the op itself", **kwargs)
+        if not _engine_operands(args, kwargs):
+            return cpu_fallback(op, *args, why="its decomposition needs dtypes the engine lacks", **kwargs)
+        _decomposing.add(name)
+        try:
+            return decomposition(*args, **kwargs)
+        except Exception:
+            if mutable:
+                raise
+            # A functional op: nothing was written, so the CPU can run it
+            # (and raise PyTorch's own error if the arguments are wrong).
+            return cpu_fallback(op, *args, why="its decomposition failed for these arguments", **kwargs)
+        finally:
+            _decomposing.discard(name)
+
+    return kernel
+
+
+def _decompositions() -> dict[str, Callable[..., Any]]:
+    import os
+
+    from torch._decomp import decomposition_table
+
+    every = os.environ.get("_DEFERFUSE_DECOMPOSE") == "all"
+    return {op.name(): fn for op, fn in decomposition_table.items()
+            if isinstance(op, torch._ops.OpOverload) and (every or op.name() in DECOMPOSED)}
+
+
 # ---- copies, items, empties -------------------------------------------------
 
 
@@ -425,6 +498,7 @@ def register() -> None:
     _libs.extend([lib, fallback_lib])
 
     done: set[str] = set()
+    decompositions = _decompositions()
 
     def impl(name: str, fn: Callable[..., Any]) -> None:
         lib.impl(name[: -len(".default")] if name.endswith(".default") else name, fn, "PrivateUse1")
@@ -495,9 +569,13 @@ def register() -> None:
                 outs = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
                 impl(key, out_kernel(op, LOWERINGS[twin], outs))
             continue
-        # No decomposition in C++: run on the CPU explicitly (the catch-all
-        # fallback below would let composite kernels call `.out` variants on
-        # zero-size outputs instead).
+        # No decomposition in C++: PyTorch's Python decomposition where it
+        # lowers, else run on the CPU explicitly (the catch-all fallback below
+        # would let composite kernels call `.out` variants on zero-size
+        # outputs instead).
+        if qualified in decompositions and not _has_kernel(qualified, "CompositeExplicitAutograd"):
+            impl(key, decomposed_kernel(op, decompositions[qualified]))
+            continue
         if _has_kernel(qualified, "CPU") and not _has_kernel(qualified, "CompositeExplicitAutograd"):
             impl(key, (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op))
 

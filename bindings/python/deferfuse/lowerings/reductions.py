@@ -28,16 +28,30 @@ def sum_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | N
     return _reduce_dtype(self, dtype).reduce("sum", dims(self, dim), keepdim)
 
 
+def _mean(x: ET, axes: list[int], keepdim: bool) -> ET:
+    if len(x.shape) and any(x.shape[a] == 0 for a in axes):
+        # The mean of no elements is 0 / 0, NaN, as in PyTorch, whatever the
+        # (absent) values: a constant. (The engine's mean of an empty
+        # reduction is 0.)
+        if not is_float(x):
+            raise Unsupported("mean of an empty integer tensor")
+        rank = len(x.shape)
+        picked = {a % rank for a in axes}
+        shape = [1 if a in picked else n for a, n in enumerate(x.shape) if keepdim or a not in picked]
+        return eng().full(float("nan"), shape, x.dtype)
+    return x.reduce("mean", axes, keepdim)
+
+
 @lower("mean.default")
 def mean_all(self: ET, *, dtype: torch.dtype | None = None) -> ET:
-    return _reduce_dtype(self, dtype).reduce("mean", dims(self, None), False)
+    return _mean(_reduce_dtype(self, dtype), dims(self, None), False)
 
 
 @lower("mean.dim")
 def mean_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> ET:
     if len(self.shape) == 0:
         return _reduce_dtype(self, dtype).reduce("mean", [], False)
-    return _reduce_dtype(self, dtype).reduce("mean", dims(self, dim), keepdim)
+    return _mean(_reduce_dtype(self, dtype), dims(self, dim), keepdim)
 
 
 @lower("prod.default")

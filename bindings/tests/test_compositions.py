@@ -1,0 +1,158 @@
+"""Ops composed from engine ops in the binding (searchsorted, bucketize, cdist,
+equal, log1p, expm1) and ops run as PyTorch's own decompositions: each against
+CPU eager, including the inputs where a naive composition would differ (NaN,
+unsorted sequences, values near 0, overflow), and each without the CPU
+fallback."""
+
+import math
+
+import pytest
+import torch
+
+import deferfuse
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def nan_mode(request):
+    """The modes without Debug's NaN/Inf check (these tests make NaN and Inf on purpose)."""
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    before = deferfuse.fallback_counts()
+    yield
+    used = deferfuse.fallback_counts() - before
+    assert not used, f"fell back to the CPU: {dict(used)}"
+
+
+def on_tpu(fn, *args, **kwargs):
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = fn(*moved, **kw)
+    return out.cpu() if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_is_pytorchs_binary_search(nan_mode, no_fallback, right):
+    seqs = [
+        torch.tensor([1.0, 2.0, 2.0, 3.0, 5.0, 8.0]),
+        torch.tensor([1.0, 3.0, float("nan"), float("nan"), float("nan")]),  # NaN sorted last
+        torch.tensor([4.0, -1.0, 7.0, 0.0, 2.0, 9.0, -3.0]),  # unsorted: PyTorch's midpoints decide
+        torch.tensor([-float("inf"), 0.0, float("inf")]),
+        torch.tensor([2.0]),
+    ]
+    values = torch.tensor([[-5.0, 1.0, 2.0, 2.5, float("nan")], [3.0, 8.0, 9.0, float("inf"), -float("inf")]])
+    for seq in seqs:
+        want = torch.searchsorted(seq, values, right=right)
+        got = on_tpu(torch.searchsorted, seq, values, right=right)
+        assert torch.equal(got, want), (seq, got, want)
+    batched = torch.randn(3, 9).sort(-1).values
+    vals = torch.randn(3, 4)
+    want = torch.searchsorted(batched, vals, right=right, out_int32=True)
+    got = on_tpu(torch.searchsorted, batched, vals, right=right, out_int32=True)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    unsorted = torch.randn(10)
+    sorter = unsorted.argsort()
+    want = torch.searchsorted(unsorted, vals, sorter=sorter, side="right" if right else "left")
+    assert torch.equal(on_tpu(torch.searchsorted, unsorted, vals, sorter=sorter, side="right" if right else "left"), want)
+    assert torch.equal(on_tpu(torch.searchsorted, seqs[0], 2), torch.searchsorted(seqs[0], 2))
+    ints = torch.tensor([1, 3, 5, 7])
+    assert torch.equal(on_tpu(torch.bucketize, torch.tensor([0, 3, 6, 9]), ints, right=right),
+                       torch.bucketize(torch.tensor([0, 3, 6, 9]), ints, right=right))
+
+
+def test_searchsorted_empty_sequence(mode, no_fallback):
+    seq, vals = torch.tensor([]), torch.tensor([1.0, -1.0])
+    assert torch.equal(on_tpu(torch.searchsorted, seq, vals), torch.searchsorted(seq, vals))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf")])
+@pytest.mark.parametrize("rows", [(4, 5), (30, 7)])
+def test_cdist_both_algorithms(mode, no_fallback, p, rows):
+    x1, x2 = torch.randn(2, rows[0], 6), torch.randn(1, rows[1], 6)
+    x1[0, 1] = x2[0, 2]  # a zero distance: the matmul form clamps it at 1e-30 before sqrt
+    for compute_mode in ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist"):
+        want = torch.cdist(x1, x2, p=p, compute_mode=compute_mode)
+        got = on_tpu(torch.cdist, x1, x2, p=p, compute_mode=compute_mode)
+        matmul_form = p == 2 and (compute_mode == "use_mm_for_euclid_dist" or (
+            compute_mode.endswith("if_necessary") and max(rows) > 25))
+        # The matmul form's zero distance is the square root of a cancellation
+        # (PyTorch's own is about 1e-3 here, in its own summation order).
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=3e-3 if matmul_form else 1e-4)
+        if not matmul_form:
+            assert got[0, 1, 2] == 0
+
+
+def test_equal_reads_one_answer(nan_mode, no_fallback):
+    a = torch.randn(4, 5)
+    b = a.clone()
+    assert on_tpu(torch.equal, a, b) is True
+    b[2, 3] += 1
+    assert on_tpu(torch.equal, a, b) is False
+    assert on_tpu(torch.equal, a, a[:, :4]) is False
+    nan = torch.tensor([float("nan")])
+    assert on_tpu(torch.equal, nan, nan) is torch.equal(nan, nan)
+
+
+def test_log1p_expm1_are_accurate_near_zero(nan_mode, no_fallback):
+    x = torch.tensor([0.0, -0.0, 1e-30, -1e-20, 1e-10, 3e-8, -3e-8, 1e-5, 1e-3, 0.5, -0.5, 1.0, -0.999999,
+                      20.0, 88.0, 89.0, 1e30, -1.0, -2.0, -100.0, -1e30, float("inf"), -float("inf"), float("nan")])
+    for fn in (torch.log1p, torch.expm1):
+        want, got = fn(x), on_tpu(fn, x)
+        torch.testing.assert_close(got, want, rtol=4 * torch.finfo(torch.float32).eps, atol=0.0, equal_nan=True)
+        # the sign of zero too
+        assert [math.copysign(1, v) for v in got[:2].tolist()] == [math.copysign(1, v) for v in want[:2].tolist()]
+    assert on_tpu(torch.log1p, torch.tensor([3])).dtype == torch.log1p(torch.tensor([3])).dtype
+
+
+def test_log1p_expm1_finite_in_debug_mode(no_fallback):
+    """Debug checks every op's output: no intermediate may be Inf or NaN when
+    the result is finite."""
+    x = torch.tensor([0.0, 1e-30, -1e-20, 1e-10, 3e-8, 1e-3, 0.5, -0.7, 20.0, 80.0, -100.0, 1e30])
+    with deferfuse.mode("debug"):
+        for fn in (torch.log1p, torch.expm1):
+            want = fn(x)
+            ok = torch.isfinite(want)
+            torch.testing.assert_close(on_tpu(fn, x[ok]), want[ok], rtol=4 * torch.finfo(torch.float32).eps, atol=0.0)
+
+
+def test_mean_of_no_elements_is_nan(nan_mode):
+    x = torch.ones(0, 3)
+    torch.testing.assert_close(on_tpu(torch.mean, x), x.mean(), equal_nan=True)
+    torch.testing.assert_close(on_tpu(lambda t: t.mean(0), x), x.mean(0), equal_nan=True)
+    torch.testing.assert_close(on_tpu(lambda t: t.mean(1), x), x.mean(1), equal_nan=True)
+
+
+def test_listed_decompositions_run_on_the_engine(mode, no_fallback):
+    from deferfuse import _dispatch
+
+    assert "aten::glu" in _dispatch.DECOMPOSED
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    x[0, 0] = float("nan") if mode != "debug" else 0.0
+    F = torch.nn.functional
+    cases = [
+        (lambda a, b: F.glu(a, -1), 1e-5),
+        (lambda a, b: torch.nansum(a, 1), 1e-5),
+        (lambda a, b: torch.logaddexp(a, b), 1e-5),
+        (lambda a, b: F.logsigmoid(b * 30), 1e-5),
+        (lambda a, b: F.prelu(b, b[0, :1].abs() * 0 + 0.25), 1e-5),
+        (lambda a, b: torch.count_nonzero(b > 0, 1), 0),
+        (lambda a, b: torch.dist(b, b * 2, 3), 1e-4),
+        (lambda a, b: F.mse_loss(b, b * 0.5), 1e-5),
+        (lambda a, b: torch.trace(b[:, :4]), 1e-5),
+        (lambda a, b: torch.xlogy(b.abs(), b.abs() + 1), 1e-5),
+    ]
+    for fn, tol in cases:
+        want = fn(x, y)
+        got = on_tpu(fn, x, y)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
+
+
+def test_decomposition_keeps_cpu_dtypes_on_the_cpu(mode):
+    x = torch.randn(4, 6, dtype=torch.float64)
+    before = deferfuse.fallback_counts()
+    got = torch.nn.functional.glu(x.to("tpu"), -1).cpu()
+    torch.testing.assert_close(got, torch.nn.functional.glu(x, -1))
+    assert (deferfuse.fallback_counts() - before)["aten::glu"] == 1
