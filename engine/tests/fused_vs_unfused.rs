@@ -49,6 +49,7 @@ fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
             all.sum(&[0, 1], false).unwrap().add(1.0).unwrap(),
             rows.sum(&[-1], false).unwrap().add(1.0).unwrap().exp().unwrap(),
             rows.mean(&[-1], true).unwrap().mul(2.0).unwrap(),
+            all.mean(&[0, 1], false).unwrap(),
         ];
         outs.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
     };
@@ -56,5 +57,6 @@ fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
     assert_eq!(fused[0], vec![1.0]);
     assert_eq!(fused[1], vec![std::f32::consts::E; 4]);
     assert!(fused[2].len() == 4 && fused[2].iter().all(|v| v.is_nan()), "{:?}", fused[2]);
+    assert!(fused[3].len() == 1 && fused[3][0].is_nan(), "{:?}", fused[3]);
     assert_eq!(format!("{fused:?}"), format!("{strict:?}"));
 }

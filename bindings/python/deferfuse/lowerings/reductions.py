@@ -31,8 +31,7 @@ def sum_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | N
 def _mean(x: ET, axes: list[int], keepdim: bool) -> ET:
     if len(x.shape) and any(x.shape[a] == 0 for a in axes):
         # The mean of no elements is 0 / 0, NaN, as in PyTorch, whatever the
-        # (absent) values: a constant. (The engine's mean of an empty
-        # reduction is 0.)
+        # (absent) values: a constant, which needs no kernel.
         if not is_float(x):
             raise Unsupported("mean of an empty integer tensor")
         rank = len(x.shape)
