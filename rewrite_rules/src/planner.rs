@@ -63,8 +63,8 @@ use trace_ir::shape::numel;
 use trace_ir::{BinaryOp, DType, Error, NodeId, Op, ReduceOp, Result, Shape, Trace, UnaryOp};
 
 use crate::program::{
-    fold_layout, live_nodes, row_major, Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Reg, Store,
-    View, PROGRAM_FORMAT_VERSION,
+    fold_layout, live_nodes, row_major, Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel,
+    Program, Reg, Store, View, PROGRAM_FORMAT_VERSION,
 };
 
 /// The most elementwise ops a node's inline closure may have for it to be

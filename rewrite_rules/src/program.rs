@@ -146,7 +146,9 @@ pub fn fold_layout(source: &[usize], steps: &[Op]) -> std::result::Result<(Shape
             Op::Expand { .. } => {
                 let lead = out.len() - shape.len();
                 let mut st: SmallVec<[usize; 6]> = SmallVec::from_elem(0, lead);
-                st.extend(strides.iter().enumerate().map(|(d, &s)| if shape[d] == 1 && out[lead + d] != 1 { 0 } else { s }));
+                st.extend(
+                    strides.iter().enumerate().map(|(d, &s)| if shape[d] == 1 && out[lead + d] != 1 { 0 } else { s }),
+                );
                 strides = st;
             }
             Op::Slice { axis, start, step, .. } => {

@@ -167,7 +167,13 @@ impl ser::Serializer for &mut Writer {
     fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Self, Never> {
         self.serialize_seq(Some(len))
     }
-    fn serialize_tuple_variant(self, _name: &'static str, _index: u32, variant: &'static str, _len: usize) -> Result<Self, Never> {
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Self, Never> {
         self.str(b'T', variant);
         Ok(self)
     }
@@ -178,7 +184,13 @@ impl ser::Serializer for &mut Writer {
     fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, Never> {
         self.serialize_map(None)
     }
-    fn serialize_struct_variant(self, _name: &'static str, _index: u32, variant: &'static str, _len: usize) -> Result<Self, Never> {
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Self, Never> {
         self.str(b'R', variant);
         Ok(self)
     }

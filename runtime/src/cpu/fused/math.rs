@@ -51,7 +51,10 @@ pub fn exp<const FMA: bool>(x: f32) -> f32 {
     let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
     let r = ma::<FMA>(-n, LN2_LO, ma::<FMA>(-n, LN2_HI, xc));
     let z = r * r;
-    let p = poly::<FMA, 6>(r, [1.987_569_15e-4, 1.398_199_95e-3, 8.333_451_9e-3, 4.166_579_6e-2, 1.666_666_55e-1, 5.000_000_1e-1]);
+    let p = poly::<FMA, 6>(
+        r,
+        [1.987_569_15e-4, 1.398_199_95e-3, 8.333_451_9e-3, 4.166_579_6e-2, 1.666_666_55e-1, 5.000_000_1e-1],
+    );
     let y = ma::<FMA>(p, z, r) + 1.0;
     // 2^n as two factors, so results near the subnormal range stay exact in
     // the exponent and overflow still becomes +inf.
@@ -165,7 +168,15 @@ pub fn erf<const FMA: bool>(x: f32) -> f32 {
     let x2 = xc * xc;
     let p = poly::<FMA, 7>(
         x2,
-        [-2.726_142_3e-10, 2.770_681_4e-8, -2.101_024e-6, -5.692_506_4e-5, -7.349_906_3e-4, -2.954_600_2e-3, -1.609_603_3e-2],
+        [
+            -2.726_142_3e-10,
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906_3e-4,
+            -2.954_600_2e-3,
+            -1.609_603_3e-2,
+        ],
     );
     let q = poly::<FMA, 5>(x2, [-1.456_607_2e-5, -2.133_740_6e-4, -1.682_827e-3, -7.373_329_2e-3, -1.426_474e-2]);
     xc * p / q
