@@ -468,3 +468,28 @@ fn donation_only_takes_inputs_nobody_holds() {
     assert_eq!(be.stats().donated, 5);
     assert_eq!(be.cache_stats().compiles, compiles + 1);
 }
+
+/// Zero-dimensional uploads of one value share one device buffer (a Rust
+/// scalar in an op is uploaded at every call), which runs never donate.
+#[test]
+fn equal_scalars_upload_once_and_are_never_donated() {
+    let be = pjrt();
+    let scalar = |v: f32| be.upload(meta(&[], DType::F32), HostData::F32(vec![v])).unwrap();
+    let before = be.stats().host_to_device;
+    let (a, b) = (scalar(0.125), scalar(0.125));
+    assert_eq!(be.stats().host_to_device, before + 1, "the second upload of 0.125 transferred again");
+    let c = scalar(0.25);
+    assert_eq!(be.stats().host_to_device, before + 2);
+    let mut t = Trace::new();
+    let x = t.push_parameter(meta(&[], DType::F32));
+    let y = t.push_parameter(meta(&[], DType::F32));
+    let s = t.push(Op::Binary { kind: BinaryOp::Add }, &[x, y]).unwrap();
+    t.outputs = vec![s];
+    let exe = be.compile(&Program::unfused(&t)).unwrap();
+    // The run holds the only references to both buffers: still no donation.
+    let out = exe.run(vec![a, c]).unwrap();
+    assert_eq!(be.download(&out[0]).unwrap(), HostData::F32(vec![0.375]));
+    assert_eq!(be.stats().donated, 0);
+    assert_eq!(be.download(&b).unwrap(), HostData::F32(vec![0.125]));
+    assert_eq!(be.download(&scalar(0.25)).unwrap(), HostData::F32(vec![0.25]));
+}

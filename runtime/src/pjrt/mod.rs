@@ -167,6 +167,42 @@ struct Compiler {
     store: Option<Arc<dyn ArtifactStore>>,
     identity: OnceLock<Result<String>>,
     counters: Arc<Counters>,
+    /// Zero-dimensional uploads by dtype and bits ([`SharedScalar`]).
+    scalars: Mutex<HashMap<(trace_ir::DType, u64), Arc<DeviceBuffer>>>,
+}
+
+/// The most scalars [`Compiler::scalars`] keeps (it starts over when full).
+const MAX_SCALARS: usize = 1024;
+
+/// A device scalar shared by every upload of the same value: a Rust scalar
+/// in an op (`x.mul(0.125)`) is a parameter of the trace, uploaded at each
+/// call, and a training loop passes the same few values every step. Shared
+/// buffers are never donated.
+#[derive(Debug)]
+struct SharedScalar(Arc<DeviceBuffer>);
+
+impl crate::buffer::DeviceData for SharedScalar {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The PJRT buffer behind device storage, and whether it is shared.
+fn device_buffer(d: &dyn crate::buffer::DeviceData) -> Option<(&DeviceBuffer, bool)> {
+    let any = d.as_any();
+    any.downcast_ref::<DeviceBuffer>().map(|b| (b, false)).or_else(|| any.downcast_ref::<SharedScalar>().map(|s| (&*s.0, true)))
+}
+
+/// The bits of a one-element value, as a cache key.
+fn scalar_bits(data: &HostData) -> Option<u64> {
+    Some(match data {
+        HostData::Bool(v) => u64::from(*v.first()?),
+        HostData::I32(v) => u64::from(*v.first()? as u32),
+        HostData::I64(v) => *v.first()? as u64,
+        HostData::BF16(v) => u64::from(v.first()?.to_bits()),
+        HostData::F16(v) => u64::from(v.first()?.to_bits()),
+        HostData::F32(v) => u64::from(v.first()?.to_bits()),
+    })
 }
 
 impl std::fmt::Debug for PjrtBackend {
@@ -234,6 +270,7 @@ impl PjrtBackend {
                 store: None,
                 identity: OnceLock::new(),
                 counters: Arc::new(Counters::default()),
+                scalars: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -401,10 +438,12 @@ impl Compiler {
         };
         let overrides = self.overrides.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let exe = match self.client.compile(module, &api::compile_options(&overrides)) {
-            Err(Error::Backend { msg, .. }) if !overrides.is_empty() && msg.contains("option") => {
-                // A plugin whose XLA lacks one of the options: compile with its
-                // defaults from now on (this changes the store identity only
-                // for executables not yet keyed).
+            Err(Error::Backend { msg, .. })
+                if !overrides.is_empty() && (msg.contains("compile option") || msg.contains("setting option")) =>
+            {
+                // A plugin whose XLA lacks one of the options ("No such compile
+                // option", "While setting option"): compile with its defaults
+                // from now on.
                 tracing::warn!(error = %msg, "the PJRT plugin rejected the compile-option overrides; compiling without them");
                 self.overrides.lock().unwrap_or_else(|p| p.into_inner()).clear();
                 self.client.compile(module, &api::compile_options(&[])).map_err(context)?
@@ -510,6 +549,23 @@ impl Backend for PjrtBackend {
             });
         }
         let c = &self.compiler;
+        if let (true, Some(bits)) = (meta.shape.is_empty(), scalar_bits(&data)) {
+            let key = (meta.dtype, bits);
+            let cached = c.scalars.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+            let shared = match cached {
+                Some(b) => b,
+                None => {
+                    let b = Arc::new(c.client.upload(&data, &meta.shape)?);
+                    bump(&c.counters.host_to_device);
+                    let mut scalars = c.scalars.lock().unwrap_or_else(|p| p.into_inner());
+                    if scalars.len() >= MAX_SCALARS {
+                        scalars.clear();
+                    }
+                    scalars.entry(key).or_insert(b).clone()
+                }
+            };
+            return Ok(Arc::new(Buffer::device(meta, Box::new(SharedScalar(shared)), &c.tracker)));
+        }
         let device = c.client.upload(&data, &meta.shape)?;
         bump(&c.counters.host_to_device);
         Ok(Arc::new(Buffer::device(meta, Box::new(device), &c.tracker)))
@@ -519,8 +575,7 @@ impl Backend for PjrtBackend {
         match buffer.storage() {
             Storage::Host(d) => Ok(d.clone()),
             Storage::Device(d) => {
-                let device =
-                    d.as_any().downcast_ref::<DeviceBuffer>().ok_or_else(|| err("the buffer lives on another device backend"))?;
+                let (device, _) = device_buffer(d.as_ref()).ok_or_else(|| err("the buffer lives on another device backend"))?;
                 let data = device.to_host()?;
                 bump(&self.compiler.counters.device_to_host);
                 check_data("download", buffer.meta(), &data)?;
@@ -654,15 +709,13 @@ impl Executable for PjrtExecutable {
             }
             device.push(match buf.storage() {
                 Storage::Device(d) => {
-                    let b = d
-                        .as_any()
-                        .downcast_ref::<DeviceBuffer>()
+                    let (b, shared) = device_buffer(d.as_ref())
                         .ok_or_else(|| err(format!("input {k} lives on another device backend")))?;
                     if !Arc::ptr_eq(b.client(), &c.client) {
                         return Err(err(format!("input {k} lives on another PJRT client")));
                     }
                     // Only this run holds it: nobody can read it after the run.
-                    owned[k] = Arc::strong_count(buf) == 1 && Arc::weak_count(buf) == 0;
+                    owned[k] = !shared && Arc::strong_count(buf) == 1 && Arc::weak_count(buf) == 0;
                     Input::Resident(b)
                 }
                 Storage::Host(data) => {
