@@ -610,6 +610,9 @@ impl Backend for PjrtBackend {
     }
 }
 
+/// `(parameter, output)` pairs a run donates.
+type Aliases = Vec<(usize, usize)>;
+
 /// A compiled trace: runs on device buffers (uploading any host inputs) and
 /// leaves its outputs on the device.
 ///
@@ -628,7 +631,7 @@ pub struct PjrtExecutable {
     lowered: Lowered,
     compiler: Arc<Compiler>,
     /// Donating variants by `(parameter, output)` pairs.
-    donating: Mutex<HashMap<Vec<(usize, usize)>, Arc<LoadedExecutable>>>,
+    donating: Mutex<HashMap<Aliases, Arc<LoadedExecutable>>>,
 }
 
 impl PjrtExecutable {
