@@ -4,22 +4,39 @@ on XLA's CPU backend: the peer `compare --peers` measures deferfuse against.
 Same shapes, same primitives (GELU with tanh, LayerNorm with mean and
 variance, softmax with max/exp/sum/div), f32. Prints one JSON object per
 workload: `jax_ms` (median execute time of the compiled function, results
-ready) and `jax_compile_ms` (lowering plus XLA compilation, first call).
+ready), `jax_min_ms` and `jax_compile_ms` (lowering plus XLA compilation, first
+call).
 
 Run it with the bench venv: `bash benches/peers/setup_jax.sh`, then
-`.venv-bench/bin/python benches/peers/jax_workloads.py [--quick] [--runs N] [--workload NAME ...]`.
+`.venv-bench/bin/python benches/peers/jax_workloads.py [--quick] [--runs N] [--workload NAME ...]
+[--plugin PATH] [--donate]`. `--plugin` runs jax on a PJRT plugin library (the
+one deferfuse's PJRT backend loads) instead of jaxlib's own CPU client, so both
+compile with the same XLA build; `compare --peers` passes it, and `--serve`,
+under which it answers compare's requests to interleave the two sides' steps.
 """
 
 import argparse
 import json
 import math
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-jax.config.update("jax_platforms", "cpu")
+
+def use_platform(plugin):
+    """Runs on jaxlib's own CPU client, or on the PJRT plugin at `plugin`
+    (the library deferfuse's PJRT backend loads), so both sides compile with
+    the same XLA build."""
+    if plugin is None:
+        jax.config.update("jax_platforms", "cpu")
+        return
+    from jax._src import xla_bridge
+
+    xla_bridge.register_plugin("deferfuse_peer", library_path=plugin)
+    jax.config.update("jax_platforms", "deferfuse_peer")
 
 
 def gelu_tanh(x):
@@ -113,20 +130,53 @@ def inputs(name, quick):
 NAMES = ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"]
 
 
-def measure(name, quick, runs):
-    fn, host_args = inputs(name, quick)
-    args = [jax.device_put(a) for a in host_args]
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_ms = (time.perf_counter() - start) * 1e3
-    jax.block_until_ready(compiled(*args))  # warm-up, like compare's cold step
-    times = []
-    for _ in range(runs):
+class Peer:
+    """One workload compiled with jax.jit, stepped the way `compare` steps
+    deferfuse: the Adam step's new state replaces the old before the step
+    synchronizes (donated to the step with `--donate`, as deferfuse donates
+    it), every step waits for its results."""
+
+    def __init__(self, name, quick, donate):
+        fn, host_args = inputs(name, quick)
+        self.carried = 3 if name == "adam_step" else 0
+        self.args = [jax.device_put(a) for a in host_args]
+        donated = tuple(range(self.carried)) if donate else ()
         start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
-    return {"workload": name, "jax_ms": times[len(times) // 2], "jax_compile_ms": compile_ms}
+        self.compiled = jax.jit(fn, donate_argnums=donated).lower(*self.args).compile()
+        self.compile_ms = (time.perf_counter() - start) * 1e3
+        self.step()  # warm-up, like compare's cold step
+
+    def step(self):
+        start = time.perf_counter()
+        out = self.compiled(*self.args)
+        if self.carried:
+            self.args[: self.carried] = out[: self.carried]
+        jax.block_until_ready(out)
+        return (time.perf_counter() - start) * 1e3
+
+
+def measure(name, quick, runs, donate):
+    peer = Peer(name, quick, donate)
+    times = sorted(peer.step() for _ in range(runs))
+    return {"workload": name, "jax_ms": times[len(times) // 2], "jax_min_ms": times[0], "jax_compile_ms": peer.compile_ms}
+
+
+def serve(quick, donate):
+    """Answers `compare`, one JSON line per request on stdin: `prepare NAME`
+    (compile, warm up) and `run N` (N steps of the prepared workload), so
+    that compare can interleave jax's steps with its own."""
+    peer = None
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "prepare":
+            peer = Peer(words[1], quick, donate)
+            print(json.dumps({"workload": words[1], "jax_compile_ms": peer.compile_ms}), flush=True)
+        elif words[0] == "run":
+            print(json.dumps({"times": [peer.step() for _ in range(int(words[1]))]}), flush=True)
+        elif words[0] == "quit":
+            return
 
 
 def main():
@@ -134,10 +184,17 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--workload", action="append", default=[])
+    parser.add_argument("--plugin", default=None, help="a PJRT plugin library to run on instead of jaxlib's CPU client")
+    parser.add_argument("--donate", action="store_true", help="donate the Adam step's state to the step")
+    parser.add_argument("--serve", action="store_true", help="answer prepare/run requests on stdin (for compare)")
     args = parser.parse_args()
+    use_platform(args.plugin)
+    if args.serve:
+        serve(args.quick, args.donate)
+        return
     runs = args.runs or (3 if args.quick else 7)
     for name in args.workload or NAMES:
-        print(json.dumps(measure(name, args.quick, runs)), flush=True)
+        print(json.dumps(measure(name, args.quick, runs, args.donate)), flush=True)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,11 @@ impl Context {
         self.shared.backend.name()
     }
 
+    /// The library the backend runs on (the PJRT plugin's path), if any.
+    pub fn backend_plugin(&self) -> Option<std::path::PathBuf> {
+        self.shared.backend.plugin_path()
+    }
+
     /// Live and peak bytes of every buffer this context's backend holds.
     pub fn memory(&self) -> MemoryStats {
         self.shared.backend.memory().stats()

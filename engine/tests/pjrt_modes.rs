@@ -240,6 +240,46 @@ fn results_stay_on_the_device_until_read() {
     }
 }
 
+/// An optimizer-like step whose new state replaces the old: in DeferAndFuse
+/// on PJRT the old state (held by nobody once replaced) is donated to the new
+/// state, the results match the native backend step for step, and a tensor
+/// the user still holds is never donated and reads back unchanged.
+#[test]
+fn donated_state_keeps_results_right_and_held_inputs_readable() {
+    fn run(ctx: &Context, keep_first: bool) -> (Vec<Vec<f32>>, Vec<f32>) {
+        let mut p = ctx.from_vec(values(4096, 1, -1.0, 1.0), &[4096]).unwrap();
+        let mut m = ctx.from_vec(values(4096, 2, -0.1, 0.1), &[4096]).unwrap();
+        let g = ctx.from_vec(values(4096, 3, -0.01, 0.01), &[4096]).unwrap();
+        let first_p = p.clone();
+        let held = if keep_first { Some(first_p) } else { None };
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let new_m = m.mul(0.9).unwrap().add(&g.mul(0.1).unwrap()).unwrap();
+            let new_p = p.sub(&new_m.mul(0.001).unwrap()).unwrap();
+            (p, m) = (new_p, new_m);
+            ctx.sync().unwrap();
+            seen.push(p.to_vec::<f32>().unwrap());
+        }
+        let held = held.map(|t| t.to_vec::<f32>().unwrap()).unwrap_or_default();
+        (seen, held)
+    }
+    let (want, _) = run(&context(Mode::DeferAndFuse, BackendKind::Cpu), false);
+    let ctx = pjrt(Mode::DeferAndFuse);
+    let (got, _) = run(&ctx, false);
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+        compare(&[HostData::F32(g.clone())], &[HostData::F32(w.clone())], None).unwrap_or_else(|e| panic!("step {step}: {e}"));
+    }
+    let donated = ctx.stats().backend.donated;
+    assert!(donated >= 6, "p and m are donated from the second step on: {:?}", ctx.stats().backend);
+
+    // Holding the first parameters: that buffer is never donated and still
+    // reads back as it was written.
+    let ctx = pjrt(Mode::DeferAndFuse);
+    let (got, held) = run(&ctx, true);
+    assert_eq!(held, values(4096, 1, -1.0, 1.0));
+    compare(&[HostData::F32(got[3].clone())], &[HostData::F32(want[3].clone())], None).unwrap();
+}
+
 fn shared_backend() -> &'static Arc<PjrtBackend> {
     static BACKEND: OnceLock<Arc<PjrtBackend>> = OnceLock::new();
     BACKEND.get_or_init(|| Arc::new(PjrtBackend::new(MemoryTracker::new()).expect("a PJRT plugin (run .ci/setup_python)")))

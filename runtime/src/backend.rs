@@ -49,6 +49,11 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// The library the backend runs on (a PJRT plugin), where there is one.
+    fn plugin_path(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// Compiles and host/device transfers so far (zero where not counted).
     fn stats(&self) -> BackendStats {
         BackendStats::default()
@@ -68,6 +73,8 @@ pub struct BackendStats {
     /// Buffers copied from the host to the device, and back.
     pub host_to_device: u64,
     pub device_to_host: u64,
+    /// Inputs whose memory a run reused for an output (buffer donation).
+    pub donated: u64,
 }
 
 /// Where a backend keeps compiled executables across processes (tier 3 of

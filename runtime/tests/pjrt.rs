@@ -9,6 +9,7 @@ mod pjrt_common;
 
 use half::bf16;
 use pjrt_common::*;
+use rewrite_rules::program::Program;
 use runtime::pjrt::{PjrtBackend, Plugin};
 use runtime::{Backend, HostData, MemoryTracker};
 use trace_ir::shape::shape;
@@ -331,8 +332,11 @@ fn compile_cache_and_serialization() {
     let a = run_on(&be, &t, &[input.clone()]).unwrap();
     let b = run_on(&be, &t, &[input.clone()]).unwrap();
     assert_eq!(a, b);
+    // Each run uploads its input and holds it alone, so the run donates it:
+    // the module and its donating variant compile once each, then both hit.
     let stats = be.cache_stats();
-    assert_eq!((stats.compiles, stats.hits), (1, 1), "{stats:?}");
+    assert_eq!((stats.compiles, stats.hits), (2, 2), "{stats:?}");
+    assert_eq!(be.stats().donated, 2);
 
     // Serialize the executable and load it back.
     let exe = be.compile_trace(&t).unwrap();
@@ -407,4 +411,85 @@ fn fused_programs_are_refused_with_the_kernel_named() {
 #[should_panic(expected = "element 1")]
 fn the_comparison_catches_a_mismatch() {
     assert_close("self-check", &HostData::F32(vec![1.0, 2.0]), &HostData::F32(vec![1.0, 2.001]));
+}
+
+/// An input only the run holds is donated (its memory becomes an output);
+/// one the caller still holds is not, and stays readable with its values.
+#[test]
+fn donation_only_takes_inputs_nobody_holds() {
+    let be = pjrt();
+    let mut t = Trace::new();
+    let p = t.push_parameter(meta(&[1000], DType::F32));
+    let g = t.push_parameter(meta(&[1000], DType::F32));
+    let scaled = t.push(Op::Binary { kind: BinaryOp::Mul }, &[g, g]).unwrap();
+    let new_p = t.push(Op::Binary { kind: BinaryOp::Sub }, &[p, scaled]).unwrap();
+    let twice = t.push(Op::Binary { kind: BinaryOp::Add }, &[new_p, new_p]).unwrap();
+    t.outputs = vec![new_p, twice];
+    let exe = be.compile(&Program::unfused(&t)).unwrap();
+    let (pv, gv) = (noise(1000, 1, -1.0, 1.0), noise(1000, 2, -1.0, 1.0));
+    let want: Vec<f32> = pv.iter().zip(&gv).map(|(p, g)| p - g * g).collect();
+    let upload = |v: &[f32]| be.upload(meta(&[1000], DType::F32), HostData::F32(v.to_vec())).unwrap();
+    let read = |b: &runtime::Buffer| match be.download(b).unwrap() {
+        HostData::F32(v) => v,
+        other => panic!("{other:?}"),
+    };
+    // XLA may fuse `p - g * g` into one multiply-add: allow its rounding.
+    let close = |got: Vec<f32>, want: &[f32]| {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-6 * (1.0 + w.abs()), "element {i}: {g} vs {w}");
+        }
+    };
+    let doubled: Vec<f32> = want.iter().map(|x| x + x).collect();
+
+    // The caller keeps both inputs: nothing is donated, both stay readable.
+    let (p_buf, g_buf) = (upload(&pv), upload(&gv));
+    let outs = exe.run(vec![p_buf.clone(), g_buf.clone()]).unwrap();
+    assert_eq!(be.stats().donated, 0);
+    close(read(&outs[0]), &want);
+    assert_eq!(read(&p_buf), pv);
+    assert_eq!(read(&g_buf), gv);
+
+    // The caller keeps g only: p is donated to the first output of its shape.
+    let outs = exe.run(vec![upload(&pv), g_buf.clone()]).unwrap();
+    assert_eq!(be.stats().donated, 1);
+    close(read(&outs[0]), &want);
+    close(read(&outs[1]), &doubled);
+    assert_eq!(read(&g_buf), gv);
+
+    // Both given away: each goes to its own output, and a second run with
+    // the same pattern reuses the variant compiled for it.
+    let compiles = be.cache_stats().compiles;
+    for _ in 0..2 {
+        let outs = exe.run(vec![upload(&pv), upload(&gv)]).unwrap();
+        close(read(&outs[0]), &want);
+        close(read(&outs[1]), &doubled);
+    }
+    assert_eq!(be.stats().donated, 5);
+    assert_eq!(be.cache_stats().compiles, compiles + 1);
+}
+
+/// Zero-dimensional uploads of one value share one device buffer (a Rust
+/// scalar in an op is uploaded at every call), which runs never donate.
+#[test]
+fn equal_scalars_upload_once_and_are_never_donated() {
+    let be = pjrt();
+    let scalar = |v: f32| be.upload(meta(&[], DType::F32), HostData::F32(vec![v])).unwrap();
+    let before = be.stats().host_to_device;
+    let (a, b) = (scalar(0.125), scalar(0.125));
+    assert_eq!(be.stats().host_to_device, before + 1, "the second upload of 0.125 transferred again");
+    let c = scalar(0.25);
+    assert_eq!(be.stats().host_to_device, before + 2);
+    let mut t = Trace::new();
+    let x = t.push_parameter(meta(&[], DType::F32));
+    let y = t.push_parameter(meta(&[], DType::F32));
+    let s = t.push(Op::Binary { kind: BinaryOp::Add }, &[x, y]).unwrap();
+    t.outputs = vec![s];
+    let exe = be.compile(&Program::unfused(&t)).unwrap();
+    // The run holds the only references to both buffers: still no donation.
+    let out = exe.run(vec![a, c]).unwrap();
+    assert_eq!(be.download(&out[0]).unwrap(), HostData::F32(vec![0.375]));
+    assert_eq!(be.stats().donated, 0);
+    assert_eq!(be.download(&b).unwrap(), HostData::F32(vec![0.125]));
+    assert_eq!(be.download(&scalar(0.25)).unwrap(), HostData::F32(vec![0.25]));
 }

@@ -301,17 +301,27 @@ unsafe fn lossy(p: *const c_char, len: usize) -> String {
     String::from_utf8_lossy(std::slice::from_raw_parts(p as *const u8, len)).into_owned()
 }
 
-/// `CompileOptionsProto { executable_build_options: { device_ordinal: -1,
-/// num_replicas: 1, num_partitions: 1 } }`, serialized by hand (empty
-/// options abort the process inside XLA: `replica_count > 0`).
-pub fn compile_options() -> Vec<u8> {
-    fn varint(out: &mut Vec<u8>, mut v: u64) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
     }
+    out.push(v as u8);
+}
+
+/// A length-delimited protobuf field.
+fn bytes_field(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    varint(out, u64::from(field << 3 | 2));
+    varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// `CompileOptionsProto { executable_build_options: { device_ordinal: -1,
+/// num_replicas: 1, num_partitions: 1 }, env_option_overrides: overrides }`,
+/// serialized by hand (empty options abort the process inside XLA:
+/// `replica_count > 0`). The overrides set XLA debug options by name on top
+/// of the plugin's defaults, as `XLA_FLAGS` would.
+pub fn compile_options(overrides: &[(&str, super::OptionValue)]) -> Vec<u8> {
     let mut build = Vec::new();
     build.push(1 << 3); // device_ordinal = 1, varint
     varint(&mut build, -1i64 as u64);
@@ -319,9 +329,24 @@ pub fn compile_options() -> Vec<u8> {
     varint(&mut build, 1);
     build.push(5 << 3); // num_partitions = 5
     varint(&mut build, 1);
-    let mut out = vec![(3 << 3) | 2]; // executable_build_options = 3, length-delimited
-    varint(&mut out, build.len() as u64);
-    out.extend_from_slice(&build);
+    let mut out = Vec::new();
+    bytes_field(&mut out, 3, &build); // executable_build_options = 3
+    for (name, value) in overrides {
+        // OptionOverrideProto { oneof { string_field = 1; bool_field = 2; } }
+        let mut value_msg = Vec::new();
+        match value {
+            super::OptionValue::Str(v) => bytes_field(&mut value_msg, 1, v.as_bytes()),
+            super::OptionValue::Bool(b) => {
+                value_msg.push(2 << 3);
+                varint(&mut value_msg, u64::from(*b));
+            }
+        }
+        // A map entry { key = 1; value = 2 } of env_option_overrides = 7.
+        let mut entry = Vec::new();
+        bytes_field(&mut entry, 1, name.as_bytes());
+        bytes_field(&mut entry, 2, &value_msg);
+        bytes_field(&mut out, 7, &entry);
+    }
     out
 }
 
@@ -394,15 +419,15 @@ impl Client {
         Ok(unsafe { lossy(a.value, a.value_size) })
     }
 
-    /// Compiles a StableHLO module (MLIR text) for one device.
-    pub fn compile(self: &Arc<Self>, mlir: &str) -> Result<LoadedExecutable> {
+    /// Compiles a StableHLO module (MLIR text) for one device with
+    /// serialized `CompileOptionsProto` `options` ([`compile_options`]).
+    pub fn compile(self: &Arc<Self>, mlir: &str, options: &[u8]) -> Result<LoadedExecutable> {
         let format = b"mlir";
         let mut program = args!(ffi::PJRT_Program, format_size);
         program.code = mlir.as_ptr() as *mut c_char;
         program.code_size = mlir.len();
         program.format = format.as_ptr() as *const c_char;
         program.format_size = format.len();
-        let options = compile_options();
         let mut a = args!(ffi::PJRT_Client_Compile_Args, executable);
         a.client = self.raw;
         a.program = &program;
@@ -712,8 +737,19 @@ mod tests {
     #[test]
     fn compile_options_bytes() {
         assert_eq!(
-            super::compile_options(),
+            super::compile_options(&[]),
             vec![0x1a, 0x0f, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x20, 0x01, 0x28, 0x01]
         );
+    }
+
+    #[test]
+    fn compile_options_carry_overrides_as_map_entries() {
+        use crate::pjrt::OptionValue;
+        let bytes = super::compile_options(&[("ab", OptionValue::Bool(false)), ("c", OptionValue::Str("X"))]);
+        let tail = &bytes[17..];
+        // field 7, entry { key "ab", value { bool_field false } }
+        assert_eq!(&tail[..10], &[0x3a, 0x08, 0x0a, 0x02, b'a', b'b', 0x12, 0x02, 0x10, 0x00]);
+        // field 7, entry { key "c", value { string_field "X" } }
+        assert_eq!(&tail[10..], &[0x3a, 0x08, 0x0a, 0x01, b'c', 0x12, 0x03, 0x0a, 0x01, b'X']);
     }
 }

@@ -44,6 +44,35 @@ pub struct Lowered {
     pub outputs: Vec<Meta>,
 }
 
+impl Lowered {
+    /// The module with each `(param, output)` pair of `aliases` marked
+    /// `tf.aliasing_output`: XLA writes that output into the parameter's
+    /// buffer (buffer donation), which the caller must no longer need. Pairs
+    /// must match in shape and dtype; no parameter or output twice.
+    pub fn with_aliases(&self, aliases: &[(usize, usize)]) -> String {
+        if aliases.is_empty() {
+            return self.text.clone();
+        }
+        let args: Vec<String> = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(k, m)| {
+                let ty = tensor(&m.shape, Ty::of(m.dtype));
+                match aliases.iter().find(|(p, _)| *p == k) {
+                    Some((_, out)) => format!("%arg{k}: {ty} {{tf.aliasing_output = {out} : i32}}"),
+                    None => format!("%arg{k}: {ty}"),
+                }
+            })
+            .collect();
+        let plain: Vec<String> =
+            self.params.iter().enumerate().map(|(k, m)| format!("%arg{k}: {}", tensor(&m.shape, Ty::of(m.dtype)))).collect();
+        let (old, new) = (format!("@main({})", plain.join(", ")), format!("@main({})", args.join(", ")));
+        debug_assert!(self.text.contains(&old));
+        self.text.replacen(&old, &new, 1)
+    }
+}
+
 /// Lowers `trace` to a StableHLO module (MLIR text) with default options.
 pub fn lower(trace: &Trace) -> Result<String> {
     Ok(lower_with(trace, LowerOptions::default())?.text)
@@ -820,10 +849,23 @@ impl Emitter {
         let n = b.shape[b.shape.len() - 1];
         let a_shape: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
         let b_shape: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
-        let ab = self.broadcast_to(a, &a_shape)?;
-        let bb = self.broadcast_to(b, &b_shape)?;
         let out_ty = a.ty;
         let ct = a.ty.compute();
+        if nb > 0 && b.shape.len() == 2 && a.shape == a_shape {
+            // `[batch.., m, k] @ [k, n]` (a linear layer on a batch): one
+            // dot_general without batch dimensions, as jax lowers `x @ w`.
+            // Broadcasting the weight over the batch would make XLA copy it
+            // into a batched operand on every run.
+            let (ac, bc) = (self.convert(a, ct), self.convert(b, ct));
+            let dn = format!(
+                "dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [{}], rhs_contracting_dimensions = [0]>",
+                nb + 1
+            );
+            let v = self.emit("stablehlo.dot_general", &[&ac, &bc], &dn, out_shape, ct);
+            return Ok(self.convert(&v, out_ty));
+        }
+        let ab = self.broadcast_to(a, &a_shape)?;
+        let bb = self.broadcast_to(b, &b_shape)?;
         let (ab, bb) = (self.convert(&ab, ct), self.convert(&bb, ct));
         let batch_dims = (0..nb).map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
         let mut dn = String::from("dot_dimension_numbers = #stablehlo.dot<");
@@ -853,6 +895,35 @@ mod tests {
         assert!(a.contains("%0 = \"stablehlo.negate\"(%arg0)"), "{a}");
         assert!(!a.contains("exponential"), "{a}");
         assert_eq!(a, lower(&t.clone()).unwrap());
+    }
+
+    #[test]
+    fn a_linear_layer_on_a_batch_is_one_dot_without_broadcast() {
+        let mut t = Trace::new();
+        let x = t.push_parameter(Meta::new(shape(&[2, 3, 4]), DType::F32));
+        let w = t.push_parameter(Meta::new(shape(&[4, 5]), DType::F32));
+        let y = t.push(Op::MatMul, &[x, w]).unwrap();
+        t.outputs = vec![y];
+        let text = lower(&t).unwrap();
+        assert!(!text.contains("broadcast_in_dim"), "{text}");
+        assert!(text.contains("lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [0]"), "{text}");
+        assert!(text.contains("-> tensor<2x3x5xf32>"), "{text}");
+    }
+
+    #[test]
+    fn aliases_mark_parameters() {
+        let mut t = Trace::new();
+        let x = t.push_parameter(Meta::new(shape(&[2]), DType::F32));
+        let y = t.push_parameter(Meta::new(shape(&[2]), DType::F32));
+        let s = t.push(Op::Binary { kind: BinaryOp::Add }, &[x, y]).unwrap();
+        t.outputs = vec![s];
+        let lowered = lower_with(&t, LowerOptions::default()).unwrap();
+        assert_eq!(lowered.with_aliases(&[]), lowered.text);
+        let text = lowered.with_aliases(&[(1, 0)]);
+        assert!(
+            text.contains("@main(%arg0: tensor<2xf32>, %arg1: tensor<2xf32> {tf.aliasing_output = 0 : i32})"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -139,6 +139,7 @@ struct Counters {
     load_failures: AtomicU64,
     host_to_device: AtomicU64,
     device_to_host: AtomicU64,
+    donated: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -147,21 +148,93 @@ fn bump(counter: &AtomicU64) {
 
 /// A backend that runs traces through a PJRT plugin.
 pub struct PjrtBackend {
+    compiler: Arc<Compiler>,
+}
+
+/// What compiles modules: the client, the executable caches and the
+/// counters. Shared with every [`PjrtExecutable`], which compiles its
+/// donating variants ([`Lowered::with_aliases`]) when a run first needs one.
+struct Compiler {
     client: Arc<Client>,
     tracker: Arc<MemoryTracker>,
     options: LowerOptions,
+    /// Debug-option overrides sent with every compile ([`compile_overrides`]);
+    /// empty when the plugin rejected them.
+    overrides: Mutex<Vec<(&'static str, OptionValue)>>,
     /// Module text -> compiled executable (the tier-2 cache of this backend).
     cache: Mutex<HashMap<String, Arc<LoadedExecutable>>>,
     /// Serialized executables across processes (tier 3), when given.
     store: Option<Arc<dyn ArtifactStore>>,
     identity: OnceLock<Result<String>>,
     counters: Arc<Counters>,
+    /// Zero-dimensional uploads by dtype and bits ([`SharedScalar`]).
+    scalars: Mutex<HashMap<(trace_ir::DType, u64), Arc<DeviceBuffer>>>,
+}
+
+/// The most scalars [`Compiler::scalars`] keeps (it starts over when full).
+const MAX_SCALARS: usize = 1024;
+
+/// A device scalar shared by every upload of the same value: a Rust scalar
+/// in an op (`x.mul(0.125)`) is a parameter of the trace, uploaded at each
+/// call, and a training loop passes the same few values every step. Shared
+/// buffers are never donated.
+#[derive(Debug)]
+struct SharedScalar(Arc<DeviceBuffer>);
+
+impl crate::buffer::DeviceData for SharedScalar {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The PJRT buffer behind device storage, and whether it is shared.
+fn device_buffer(d: &dyn crate::buffer::DeviceData) -> Option<(&DeviceBuffer, bool)> {
+    let any = d.as_any();
+    any.downcast_ref::<DeviceBuffer>().map(|b| (b, false)).or_else(|| any.downcast_ref::<SharedScalar>().map(|s| (&*s.0, true)))
+}
+
+/// The bits of a one-element value, as a cache key.
+fn scalar_bits(data: &HostData) -> Option<u64> {
+    Some(match data {
+        HostData::Bool(v) => u64::from(*v.first()?),
+        HostData::I32(v) => u64::from(*v.first()? as u32),
+        HostData::I64(v) => *v.first()? as u64,
+        HostData::BF16(v) => u64::from(v.first()?.to_bits()),
+        HostData::F16(v) => u64::from(v.first()?.to_bits()),
+        HostData::F32(v) => u64::from(v.first()?.to_bits()),
+    })
 }
 
 impl std::fmt::Debug for PjrtBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PjrtBackend").field("client", &self.client).finish()
+        f.debug_struct("PjrtBackend").field("client", &self.compiler.client).finish()
     }
+}
+
+/// The value of a debug-option override (`CompileOptionsProto.env_option_overrides`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptionValue {
+    /// For enums and repeated fields too: names, comma-separated.
+    Str(&'static str),
+    Bool(bool),
+}
+
+/// The XLA debug options every CPU compile overrides: the values jax
+/// (0.10) sends with each compile, where they differ from what an XLA CPU
+/// plugin does with its own defaults. jax compiles with a full
+/// `DebugOptions` of its own defaults; a plain PJRT client gets the
+/// plugin's, under which `xla-cpu-pjrt` 0.0.1 lowers dots and reductions
+/// to its generic loops instead of YNNPACK. An option the user sets in
+/// `XLA_FLAGS` is left to the user.
+pub fn compile_overrides() -> Vec<(&'static str, OptionValue)> {
+    let all = [
+        ("xla_cpu_experimental_ynn_fusion_type", OptionValue::Str("LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE")),
+        ("xla_cpu_enable_concurrency_optimized_scheduler", OptionValue::Bool(false)),
+        // NaN propagates through max/min, as in the native backend.
+        ("xla_cpu_enable_fast_min_max", OptionValue::Bool(false)),
+    ];
+    let user = std::env::var("XLA_FLAGS").unwrap_or_default();
+    all.into_iter().filter(|(name, _)| !user.contains(name)).collect()
 }
 
 impl PjrtBackend {
@@ -185,45 +258,62 @@ impl PjrtBackend {
     pub fn with_plugin(path: &Path, tracker: Arc<MemoryTracker>) -> Result<PjrtBackend> {
         let plugin = Plugin::load(path)?;
         let client = Client::new(plugin)?;
+        // The overrides name XLA CPU options; other platforms keep their defaults.
+        let overrides = if client.platform_name.eq_ignore_ascii_case("cpu") { compile_overrides() } else { Vec::new() };
         Ok(PjrtBackend {
-            client,
-            tracker,
-            options: LowerOptions::default(),
-            cache: Mutex::new(HashMap::new()),
-            store: None,
-            identity: OnceLock::new(),
-            counters: Arc::new(Counters::default()),
+            compiler: Arc::new(Compiler {
+                client,
+                tracker,
+                options: LowerOptions::default(),
+                overrides: Mutex::new(overrides),
+                cache: Mutex::new(HashMap::new()),
+                store: None,
+                identity: OnceLock::new(),
+                counters: Arc::new(Counters::default()),
+                scalars: Mutex::new(HashMap::new()),
+            }),
         })
+    }
+
+    fn compiler_mut(&mut self) -> &mut Compiler {
+        Arc::get_mut(&mut self.compiler).expect("a PjrtBackend is configured before it compiles")
     }
 
     /// Changes the lowering options (affects later compiles only).
     pub fn with_options(mut self, options: LowerOptions) -> Self {
-        self.options = options;
+        self.compiler_mut().options = options;
         self
     }
 
     /// Keeps serialized executables in `store` (the on-disk tier 3).
     pub fn with_store(mut self, store: Arc<dyn ArtifactStore>) -> Self {
-        self.store = Some(store);
+        self.compiler_mut().store = Some(store);
+        self
+    }
+
+    /// Sends no debug-option overrides with compiles (see [`compile_overrides`]).
+    pub fn without_overrides(mut self) -> Self {
+        self.compiler_mut().overrides = Mutex::new(Vec::new());
         self
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
-        self.client.plugin()
+        self.compiler.client.plugin()
     }
 
     pub fn client(&self) -> &Arc<Client> {
-        &self.client
+        &self.compiler.client
     }
 
     pub fn cache_stats(&self) -> CacheStats {
-        let c = &self.counters;
+        let c = &self.compiler.counters;
         CacheStats { compiles: c.compiled.load(Ordering::Relaxed) as usize, hits: c.memory_hits.load(Ordering::Relaxed) as usize }
     }
 
     /// A one-line description: plugin path, API version, XLA version, platform.
     pub fn describe(&self) -> String {
         let p = self.plugin();
+        let client = &self.compiler.client;
         format!(
             "{} (PJRT API {}.{}, xla_version {}, stablehlo {}, platform {} {})",
             p.path.display(),
@@ -231,8 +321,8 @@ impl PjrtBackend {
             p.api_version.1,
             p.attribute("xla_version").unwrap_or("?"),
             p.attribute("stablehlo_current_version").unwrap_or("?"),
-            self.client.platform_name,
-            self.client.platform_version
+            client.platform_name,
+            client.platform_version
         )
     }
 
@@ -241,20 +331,38 @@ impl PjrtBackend {
     /// version attributes, a hash of the plugin file (XLA's own executable
     /// fingerprint is equal across plugin builds, and a newer build's
     /// executable loaded by an older one can compute wrong numbers
-    /// silently), the host CPU (XLA's CPU code uses its features) and the
-    /// lowering options. Stable across processes and machines.
+    /// silently), the host CPU (XLA's CPU code uses its features), the
+    /// lowering options and the compile options. Stable across processes
+    /// and machines.
     pub fn identity(&self) -> Result<String> {
+        self.compiler.identity()
+    }
+
+    /// Lowers and compiles `trace`: from the in-memory cache, else from the
+    /// store, else by the plugin (then saved to the store).
+    pub fn compile_trace(&self, trace: &Trace) -> Result<Arc<PjrtExecutable>> {
+        let lowered = lower_with(trace, self.compiler.options)?;
+        let exe = match lowered.outputs.is_empty() {
+            true => None,
+            false => Some(self.compiler.executable(&lowered.text, lowered.outputs.len())?),
+        };
+        Ok(Arc::new(PjrtExecutable { exe, lowered, compiler: self.compiler.clone(), donating: Mutex::new(HashMap::new()) }))
+    }
+}
+
+impl Compiler {
+    fn identity(&self) -> Result<String> {
         self.identity.get_or_init(|| self.compute_identity()).clone()
     }
 
     fn compute_identity(&self) -> Result<String> {
-        let p = self.plugin();
+        let p = self.client.plugin();
         let (hash, len) = p.file_hash()?;
         let mut attrs: Vec<String> =
             p.attributes.iter().filter(|(k, _)| k.contains("version")).map(|(k, v)| format!("{k}={v}")).collect();
         attrs.sort();
         Ok(format!(
-            "pjrt api {}.{}; platform {} {}; {}; plugin file {hash:016x} of {len} bytes; host {} cpu {:016x}; lowering {:?}",
+            "pjrt api {}.{}; platform {} {}; {}; plugin file {hash:016x} of {len} bytes; host {} cpu {:016x}; lowering {:?}; overrides {:?}",
             p.api_version.0,
             p.api_version.1,
             self.client.platform_name,
@@ -262,39 +370,27 @@ impl PjrtBackend {
             attrs.join(" "),
             std::env::consts::ARCH,
             trace_ir::signature::stable_hash64(host_cpu_features().as_bytes()),
-            self.options
+            self.options,
+            self.overrides.lock().unwrap_or_else(|p| p.into_inner()),
         ))
     }
 
-    /// Lowers and compiles `trace`: from the in-memory cache, else from the
-    /// store, else by the plugin (then saved to the store).
-    pub fn compile_trace(&self, trace: &Trace) -> Result<Arc<PjrtExecutable>> {
-        let lowered = lower_with(trace, self.options)?;
-        let wrap = |exe: Option<Arc<LoadedExecutable>>, lowered: Lowered| {
-            Arc::new(PjrtExecutable {
-                exe,
-                lowered,
-                tracker: self.tracker.clone(),
-                client: self.client.clone(),
-                counters: self.counters.clone(),
-            })
-        };
-        if lowered.outputs.is_empty() {
-            return Ok(wrap(None, lowered));
-        }
-        let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&lowered.text).cloned();
+    /// The executable of `module` (with `outputs` results): from the
+    /// in-memory cache, else from the store, else compiled (and stored).
+    fn executable(&self, module: &str, outputs: usize) -> Result<Arc<LoadedExecutable>> {
+        let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(module).cloned();
         if let Some(exe) = cached {
             bump(&self.counters.memory_hits);
-            return Ok(wrap(Some(exe), lowered));
+            return Ok(exe);
         }
         let store_key = match &self.store {
-            Some(_) => Some(self.store_key(&lowered.text)?),
+            Some(_) => Some(self.store_key(module)?),
             None => None,
         };
-        let exe = match self.load(store_key.as_deref(), &lowered) {
+        let exe = match self.load(store_key.as_deref(), outputs) {
             Some(exe) => exe,
             None => {
-                let exe = self.compile_module(&lowered)?;
+                let exe = self.compile_module(module, outputs)?;
                 if let (Some(store), Some(key)) = (&self.store, &store_key) {
                     match exe.serialize() {
                         Ok(bytes) => store.put(key, &bytes),
@@ -306,7 +402,7 @@ impl PjrtBackend {
         };
         let exe = Arc::new(exe);
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(wrap(Some(cache.entry(lowered.text.clone()).or_insert(exe).clone()), lowered))
+        Ok(cache.entry(module.to_string()).or_insert(exe).clone())
     }
 
     fn store_key(&self, module: &str) -> Result<Vec<u8>> {
@@ -315,12 +411,12 @@ impl PjrtBackend {
         Ok(key)
     }
 
-    /// The stored executable of `lowered`, if the store has a loadable one.
-    fn load(&self, key: Option<&[u8]>, lowered: &Lowered) -> Option<LoadedExecutable> {
+    /// The stored executable of a module, if the store has a loadable one.
+    fn load(&self, key: Option<&[u8]>, outputs: usize) -> Option<LoadedExecutable> {
         let bytes = self.store.as_ref()?.get(key?)?;
-        let loaded = self.client.deserialize(&bytes).and_then(|exe| match exe.num_outputs() == lowered.outputs.len() {
+        let loaded = self.client.deserialize(&bytes).and_then(|exe| match exe.num_outputs() == outputs {
             true => Ok(exe),
-            false => Err(err(format!("it has {} outputs, the module {}", exe.num_outputs(), lowered.outputs.len()))),
+            false => Err(err(format!("it has {} outputs, the module {outputs}", exe.num_outputs()))),
         });
         match loaded {
             Ok(exe) => {
@@ -335,17 +431,27 @@ impl PjrtBackend {
         }
     }
 
-    fn compile_module(&self, lowered: &Lowered) -> Result<LoadedExecutable> {
-        let exe = self.client.compile(&lowered.text).map_err(|e| match e {
+    fn compile_module(&self, module: &str, outputs: usize) -> Result<LoadedExecutable> {
+        let context = |e: Error| match e {
             Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("compiling the lowered trace: {msg}") },
             other => other,
-        })?;
-        if exe.num_outputs() != lowered.outputs.len() {
-            return Err(err(format!(
-                "the compiled module has {} outputs, the trace {}",
-                exe.num_outputs(),
-                lowered.outputs.len()
-            )));
+        };
+        let overrides = self.overrides.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let exe = match self.client.compile(module, &api::compile_options(&overrides)) {
+            Err(Error::Backend { msg, .. })
+                if !overrides.is_empty() && (msg.contains("compile option") || msg.contains("setting option")) =>
+            {
+                // A plugin whose XLA lacks one of the options ("No such compile
+                // option", "While setting option"): compile with its defaults
+                // from now on.
+                tracing::warn!(error = %msg, "the PJRT plugin rejected the compile-option overrides; compiling without them");
+                self.overrides.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.client.compile(module, &api::compile_options(&[])).map_err(context)?
+            }
+            other => other.map_err(context)?,
+        };
+        if exe.num_outputs() != outputs {
+            return Err(err(format!("the compiled module has {} outputs, the trace {outputs}", exe.num_outputs())));
         }
         bump(&self.counters.compiled);
         Ok(exe)
@@ -442,19 +548,36 @@ impl Backend for PjrtBackend {
                 numel: meta.numel(),
             });
         }
-        let device = self.client.upload(&data, &meta.shape)?;
-        bump(&self.counters.host_to_device);
-        Ok(Arc::new(Buffer::device(meta, Box::new(device), &self.tracker)))
+        let c = &self.compiler;
+        if let (true, Some(bits)) = (meta.shape.is_empty(), scalar_bits(&data)) {
+            let key = (meta.dtype, bits);
+            let cached = c.scalars.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+            let shared = match cached {
+                Some(b) => b,
+                None => {
+                    let b = Arc::new(c.client.upload(&data, &meta.shape)?);
+                    bump(&c.counters.host_to_device);
+                    let mut scalars = c.scalars.lock().unwrap_or_else(|p| p.into_inner());
+                    if scalars.len() >= MAX_SCALARS {
+                        scalars.clear();
+                    }
+                    scalars.entry(key).or_insert(b).clone()
+                }
+            };
+            return Ok(Arc::new(Buffer::device(meta, Box::new(SharedScalar(shared)), &c.tracker)));
+        }
+        let device = c.client.upload(&data, &meta.shape)?;
+        bump(&c.counters.host_to_device);
+        Ok(Arc::new(Buffer::device(meta, Box::new(device), &c.tracker)))
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
         match buffer.storage() {
             Storage::Host(d) => Ok(d.clone()),
             Storage::Device(d) => {
-                let device =
-                    d.as_any().downcast_ref::<DeviceBuffer>().ok_or_else(|| err("the buffer lives on another device backend"))?;
+                let (device, _) = device_buffer(d.as_ref()).ok_or_else(|| err("the buffer lives on another device backend"))?;
                 let data = device.to_host()?;
-                bump(&self.counters.device_to_host);
+                bump(&self.compiler.counters.device_to_host);
                 check_data("download", buffer.meta(), &data)?;
                 Ok(data)
             }
@@ -462,15 +585,19 @@ impl Backend for PjrtBackend {
     }
 
     fn memory(&self) -> &Arc<MemoryTracker> {
-        &self.tracker
+        &self.compiler.tracker
     }
 
     fn fuses_itself(&self) -> bool {
         true
     }
 
+    fn plugin_path(&self) -> Option<PathBuf> {
+        Some(self.plugin().path.clone())
+    }
+
     fn stats(&self) -> BackendStats {
-        let c = &self.counters;
+        let c = &self.compiler.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         BackendStats {
             compiled: get(&c.compiled),
@@ -478,19 +605,33 @@ impl Backend for PjrtBackend {
             load_failures: get(&c.load_failures),
             host_to_device: get(&c.host_to_device),
             device_to_host: get(&c.device_to_host),
+            donated: get(&c.donated),
         }
     }
 }
 
+/// `(parameter, output)` pairs a run donates.
+type Aliases = Vec<(usize, usize)>;
+
 /// A compiled trace: runs on device buffers (uploading any host inputs) and
 /// leaves its outputs on the device.
+///
+/// Buffer donation: an input that only this run holds (no tensor, no other
+/// pending use) and that has the shape and dtype of an output is donated to
+/// it: the run executes a variant of the module whose parameter is marked
+/// `tf.aliasing_output`, and XLA writes the output into the input's memory
+/// instead of allocating (and page-faulting) a new buffer. An optimizer step
+/// whose new state replaces the old allocates nothing. Each donation
+/// pattern compiles once, when a run first meets it (through the same
+/// in-memory cache and store as the module itself); inputs someone still
+/// holds are never donated, so they stay readable.
 pub struct PjrtExecutable {
     /// `None` for a trace without outputs (nothing to run).
     exe: Option<Arc<LoadedExecutable>>,
     lowered: Lowered,
-    tracker: Arc<MemoryTracker>,
-    client: Arc<Client>,
-    counters: Arc<Counters>,
+    compiler: Arc<Compiler>,
+    /// Donating variants by `(parameter, output)` pairs.
+    donating: Mutex<HashMap<Aliases, Arc<LoadedExecutable>>>,
 }
 
 impl PjrtExecutable {
@@ -502,6 +643,36 @@ impl PjrtExecutable {
     pub fn loaded(&self) -> Option<&Arc<LoadedExecutable>> {
         self.exe.as_ref()
     }
+
+    /// The executable that donates `aliases` (the plain one for none).
+    fn variant(&self, base: &Arc<LoadedExecutable>, aliases: &[(usize, usize)]) -> Result<Arc<LoadedExecutable>> {
+        if aliases.is_empty() {
+            return Ok(base.clone());
+        }
+        if let Some(exe) = self.donating.lock().unwrap_or_else(|p| p.into_inner()).get(aliases) {
+            return Ok(exe.clone());
+        }
+        let exe = self.compiler.executable(&self.lowered.with_aliases(aliases), self.lowered.outputs.len())?;
+        self.donating.lock().unwrap_or_else(|p| p.into_inner()).insert(aliases.to_vec(), exe.clone());
+        Ok(exe)
+    }
+}
+
+/// `(input, output)` pairs to donate: each input that only the run holds
+/// (`owned`) goes to the first output of its meta not taken yet.
+fn donations(owned: &[bool], params: &[Meta], outputs: &[Meta]) -> Vec<(usize, usize)> {
+    let mut taken = vec![false; outputs.len()];
+    let mut pairs = Vec::new();
+    for (k, meta) in params.iter().enumerate() {
+        if !owned[k] || meta.numel() == 0 {
+            continue;
+        }
+        if let Some(j) = (0..outputs.len()).find(|&j| !taken[j] && outputs[j] == *meta) {
+            taken[j] = true;
+            pairs.push((k, j));
+        }
+    }
+    pairs
 }
 
 /// An input of a run: a device buffer it already has, or one uploaded for it.
@@ -525,8 +696,10 @@ impl Executable for PjrtExecutable {
         if inputs.len() != params.len() {
             return Err(err(format!("the trace takes {} inputs, got {}", params.len(), inputs.len())));
         }
-        let Some(exe) = &self.exe else { return Ok(Vec::new()) };
+        let Some(base) = &self.exe else { return Ok(Vec::new()) };
+        let c = &self.compiler;
         let mut device = Vec::with_capacity(inputs.len());
+        let mut owned = vec![false; inputs.len()];
         for (k, (buf, want)) in inputs.iter().zip(params).enumerate() {
             if buf.meta() != want {
                 return Err(err(format!(
@@ -539,33 +712,37 @@ impl Executable for PjrtExecutable {
             }
             device.push(match buf.storage() {
                 Storage::Device(d) => {
-                    let b = d
-                        .as_any()
-                        .downcast_ref::<DeviceBuffer>()
+                    let (b, shared) = device_buffer(d.as_ref())
                         .ok_or_else(|| err(format!("input {k} lives on another device backend")))?;
-                    if !Arc::ptr_eq(b.client(), &self.client) {
+                    if !Arc::ptr_eq(b.client(), &c.client) {
                         return Err(err(format!("input {k} lives on another PJRT client")));
                     }
+                    // Only this run holds it: nobody can read it after the run.
+                    owned[k] = !shared && Arc::strong_count(buf) == 1 && Arc::weak_count(buf) == 0;
                     Input::Resident(b)
                 }
                 Storage::Host(data) => {
                     check_data(&format!("input {k}"), want, data)?;
-                    bump(&self.counters.host_to_device);
-                    Input::Uploaded(self.client.upload(data, &want.shape)?)
+                    bump(&c.counters.host_to_device);
+                    Input::Uploaded(c.client.upload(data, &want.shape)?)
                 }
             });
         }
+        let aliases = donations(&owned, params, &self.lowered.outputs);
+        let exe = self.variant(base, &aliases)?;
         let refs: Vec<&DeviceBuffer> = device.iter().map(Input::buffer).collect();
         let outs = exe.execute(&refs)?;
+        c.counters.donated.fetch_add(aliases.len() as u64, Ordering::Relaxed);
         drop(refs);
         drop(device);
+        // Donated inputs are invalid now; dropping them only frees handles.
         drop(inputs);
         Ok(outs
             .into_iter()
             .zip(&self.lowered.outputs)
             .map(|(mut d, meta)| {
                 d.set_meta(meta.dtype, meta.numel());
-                Arc::new(Buffer::device(meta.clone(), Box::new(d), &self.tracker))
+                Arc::new(Buffer::device(meta.clone(), Box::new(d), &c.tracker))
             })
             .collect())
     }
