@@ -53,6 +53,22 @@ def test_materialization_points(mode):
     deferfuse.sync()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_printing_reads_once_and_runs_nothing_on_the_cpu(mode, dtype):
+    # PyTorch's printer computes on the tensor it prints (float64 min/max,
+    # masked_select); on `tpu` it must format a host copy instead.
+    x = (torch.randn(4, 5) * 1000).to(dtype)
+    before = deferfuse.fallback_counts()
+    text = repr(x.to("tpu") * 1)
+    assert deferfuse.fallback_counts() == before
+    assert "device='tpu:0'" in text
+
+    def squash(s: str) -> str:  # the suffix moves line breaks and commas
+        return "".join(s.replace(",", "").split())
+
+    assert squash(text.replace("device='tpu:0'", "")) == squash(repr(x * 1))
+
+
 def test_views_alias_their_base(mode):
     x = torch.arange(24.0).reshape(4, 6)
     t = x.to("tpu")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Callable
+
 import torch
+import torch._tensor_str
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from . import _state
@@ -52,7 +56,26 @@ class TpuModule:
         return [torch.bfloat16, torch.float16]
 
 
+def _print_from_the_host(format_contents: Callable[..., str]) -> Callable[..., str]:
+    """Printing formats a copy on the CPU. PyTorch's printer runs tensor ops
+    (abs, masked_select, float64 min/max) on the tensor it prints, and copies
+    to the CPU first only for a fixed list of lazy devices (xla, lazy, ...);
+    on `tpu` those ops would be recorded, and the float64 ones would warn
+    and fall back. One materialization is what printing should cost."""
+
+    @functools.wraps(format_contents)
+    def contents(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+        if self.device.type == "tpu":
+            self = self.cpu()
+        return format_contents(self, *args, **kwargs)
+
+    return contents
+
+
 def setup() -> None:
     if getattr(torch, "tpu", None) is TpuModule:
         return
     _setup_privateuseone_for_python_backend("tpu", backend_module=TpuModule)
+    # The printer looks `_tensor_str` up at each call, so wrapping it here
+    # covers print, repr and str (the device suffix is computed elsewhere).
+    torch._tensor_str._tensor_str = _print_from_the_host(torch._tensor_str._tensor_str)
