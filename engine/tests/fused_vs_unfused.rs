@@ -45,7 +45,11 @@ fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
         let ctx = Context::new(Config { mode, ..Config::default() }).unwrap();
         let all = ctx.ones(&[0, 3], DType::F32).unwrap();
         let rows = ctx.ones(&[4, 0], DType::F32).unwrap();
+        // Data from the host, so nothing folds: producer, empty sum, consumer.
+        let data = ctx.from_vec(Vec::<f32>::new(), &[0]).unwrap();
         let outs = [
+            data.mul(2.0).unwrap().sum(&[0], false).unwrap().add(0.25).unwrap(),
+            data.abs().unwrap().pow(3.5).unwrap().sum(&[0], false).unwrap().pow(1.0 / 3.5).unwrap(),
             all.sum(&[0, 1], false).unwrap().add(1.0).unwrap(),
             rows.sum(&[-1], false).unwrap().add(1.0).unwrap().exp().unwrap(),
             rows.mean(&[-1], true).unwrap().mul(2.0).unwrap(),
@@ -54,9 +58,11 @@ fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
         outs.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
     };
     let (fused, strict) = (run(Mode::DeferAndFuse), run(Mode::Strict));
-    assert_eq!(fused[0], vec![1.0]);
-    assert_eq!(fused[1], vec![std::f32::consts::E; 4]);
-    assert!(fused[2].len() == 4 && fused[2].iter().all(|v| v.is_nan()), "{:?}", fused[2]);
-    assert!(fused[3].len() == 1 && fused[3][0].is_nan(), "{:?}", fused[3]);
+    assert_eq!(fused[0], vec![0.25]);
+    assert_eq!(fused[1], vec![0.0]);
+    assert_eq!(fused[2], vec![1.0]);
+    assert_eq!(fused[3], vec![std::f32::consts::E; 4]);
+    assert!(fused[4].len() == 4 && fused[4].iter().all(|v| v.is_nan()), "{:?}", fused[4]);
+    assert!(fused[5].len() == 1 && fused[5][0].is_nan(), "{:?}", fused[5]);
     assert_eq!(format!("{fused:?}"), format!("{strict:?}"));
 }

@@ -200,8 +200,8 @@ def vector_norm(self: ET, ord: Any = 2, dim: Any = None, keepdim: bool = False, 
         return a.reduce("sum", axes, keepdim)
     if ord == 2:
         return x.binary("mul", x).reduce("sum", axes, keepdim).unary("sqrt")
-    if ord < 0:
-        raise Unsupported("negative norm orders")
+    # Any other order, negative ones too: a zero element makes |x|^ord
+    # infinite for ord < 0, and the norm 0, as PyTorch's is.
     return a.binary("pow", float(ord)).reduce("sum", axes, keepdim).binary("pow", 1.0 / float(ord))
 
 

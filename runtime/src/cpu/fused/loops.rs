@@ -594,7 +594,9 @@ impl LoopExec {
             }
             let access = match self.level[reg] {
                 Level::Scalar => {
-                    if total > 0 && !data.is_empty() {
+                    // Read even when the iteration space is empty: a reduction
+                    // over no elements still feeds the scalars after it.
+                    if !data.is_empty() {
                         scalars[reg] = data.get(offset);
                     }
                     Access::Contig { offset }
