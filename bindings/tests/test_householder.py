@@ -1,0 +1,123 @@
+"""The Householder QR family composed from engine ops (ormqr,
+householder_product / orgqr, geqrf, linalg.qr): each against CPU eager (which
+calls LAPACK) within float32 tolerance, on tall, square, wide, batched and
+empty shapes, and each without the CPU fallback."""
+
+import itertools
+
+import pytest
+import torch
+
+import deferfuse
+
+# Reflector products round differently from LAPACK's (another summation
+# order), so values agree to float32 rounding, not bit for bit: the
+# conformance runner's float32 tolerance.
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+SHAPES = [(5, 5), (5, 2), (2, 5), (1, 1), (3, 4, 3), (2, 1, 3, 3), (0, 3), (3, 0), (0, 0), (2, 0, 3), (0, 4, 2)]
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def nan_mode(request):
+    """The modes without Debug's NaN/Inf check (some tests make NaN on purpose)."""
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    before = deferfuse.fallback_counts()
+    yield
+    used = deferfuse.fallback_counts() - before
+    assert not used, f"fell back to the CPU: {dict(used)}"
+
+
+def on_tpu(fn, *args, **kwargs):
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    out = fn(*moved, **kwargs)
+    if isinstance(out, tuple):
+        return tuple(o.cpu() for o in out)
+    return out.cpu()
+
+
+def close(got, want, **tol):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.shape, w.shape)
+        torch.testing.assert_close(g, w, equal_nan=True, **(tol or TOL))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("left,transpose", list(itertools.product([True, False], [True, False])))
+def test_ormqr_matches_lapack(mode, no_fallback, shape, left, transpose):
+    factored, tau = torch.geqrf(torch.randn(shape))
+    m = shape[-2]
+    other = torch.randn(shape[:-2] + ((m, 4) if left else (3, m)))
+    want = torch.ormqr(factored, tau, other, left, transpose)
+    close(on_tpu(torch.ormqr, factored, tau, other, left, transpose), want)
+
+
+@pytest.mark.parametrize("left,transpose", list(itertools.product([True, False], [True, False])))
+def test_ormqr_arbitrary_reflectors(mode, no_fallback, left, transpose):
+    """Any (input, tau) defines reflectors, not only geqrf's: the upper part
+    of input is ignored (and so are columns past min(rows, columns))."""
+    a, tau = torch.randn(2, 6, 8), torch.randn(2, 6)
+    other = torch.randn(2, 6, 2) if left else torch.randn(2, 2, 6)
+    close(on_tpu(torch.ormqr, a, tau, other, left, transpose), torch.ormqr(a, tau, other, left, transpose))
+
+
+def test_ormqr_nan_spreads_as_in_lapack(nan_mode, no_fallback):
+    factored, tau = torch.geqrf(torch.randn(4, 4))
+    other = torch.randn(4, 3)
+    other[1, 2] = float("nan")
+    want = torch.ormqr(factored, tau, other)
+    assert want[:, 2].isnan().all() and not want[:, :2].isnan().any()
+    close(on_tpu(torch.ormqr, factored, tau, other), want)
+
+
+def test_ormqr_out(mode, no_fallback):
+    factored, tau = torch.geqrf(torch.randn(4, 3))
+    other = torch.randn(4, 2)
+    out = torch.empty(0, device="tpu")
+    torch.ormqr(factored.to("tpu"), tau.to("tpu"), other.to("tpu"), out=out)
+    close(out.cpu(), torch.ormqr(factored, tau, other))
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[-2] >= s[-1]])
+def test_householder_product_and_orgqr(mode, no_fallback, shape):
+    factored, tau = torch.geqrf(torch.randn(shape))
+    want = torch.linalg.householder_product(factored, tau)
+    close(on_tpu(torch.linalg.householder_product, factored, tau), want)
+    close(on_tpu(torch.orgqr, factored, tau), want)
+    if shape[-1] > 1:  # fewer reflectors than columns
+        short = tau[..., :-1]
+        close(on_tpu(torch.linalg.householder_product, factored, short),
+              torch.linalg.householder_product(factored, short))
+
+
+def test_too_many_reflectors_stay_on_the_cpu(mode):
+    """Past MAX_REFLECTORS the op runs on the CPU, still right."""
+    factored, tau = torch.geqrf(torch.randn(40, 40))
+    before = deferfuse.fallback_counts()
+    close(on_tpu(torch.linalg.householder_product, factored, tau), torch.linalg.householder_product(factored, tau))
+    assert deferfuse.fallback_counts() - before
+
+
+def test_bfloat16_stays_on_the_cpu(mode):
+    """PyTorch's CPU has no bfloat16 Householder kernels: the same error."""
+    a = torch.randn(3, 3, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.geqrf(a.to("tpu"))
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.ormqr(a.to("tpu"), a[0].to("tpu"), a.to("tpu"))
+
+
+def test_rejected_arguments_raise_pytorchs_error(mode):
+    a, other = torch.randn(6, 4), torch.randn(6, 2)
+    with pytest.raises(RuntimeError, match="tau.shape"):
+        torch.ormqr(a.to("tpu"), torch.randn(3).to("tpu"), other.to("tpu"))
+    with pytest.raises(RuntimeError):
+        torch.linalg.householder_product(torch.randn(3, 4).to("tpu"), torch.randn(3).to("tpu"))
