@@ -100,7 +100,7 @@ def test_householder_product_and_orgqr(mode, no_fallback, shape):
 
 def test_too_many_reflectors_stay_on_the_cpu(mode):
     """Past MAX_REFLECTORS the op runs on the CPU, still right."""
-    factored, tau = torch.geqrf(torch.randn(40, 40))
+    factored, tau = torch.geqrf(torch.randn(70, 70))
     before = deferfuse.fallback_counts()
     close(on_tpu(torch.linalg.householder_product, factored, tau), torch.linalg.householder_product(factored, tau))
     assert deferfuse.fallback_counts() - before
@@ -121,3 +121,63 @@ def test_rejected_arguments_raise_pytorchs_error(mode):
         torch.ormqr(a.to("tpu"), torch.randn(3).to("tpu"), other.to("tpu"))
     with pytest.raises(RuntimeError):
         torch.linalg.householder_product(torch.randn(3, 4).to("tpu"), torch.randn(3).to("tpu"))
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(33, 33), (2, 12, 7), (7, 12)])
+def test_geqrf_matches_lapack(mode, no_fallback, shape):
+    a = torch.randn(shape)
+    close(on_tpu(torch.geqrf, a), torch.geqrf(a))
+
+
+def special_matrices():
+    """Inputs where slarfg's branches matter: an all-zero column below the
+    diagonal (H = I, tau = 0), a zero diagonal (sign(0) = +), negative and
+    positive identities, triangular input, and magnitudes whose squares would
+    overflow or underflow float32 without snrm2's scaling."""
+    zero_below = torch.randn(5, 4)
+    zero_below[2:, 0] = 0
+    zero_below[3:, 2] = 0
+    zero_diag = torch.randn(4, 3)
+    zero_diag[0, 0] = 0
+    zero_diag[1, 1] = 0
+    return [zero_below, zero_diag, torch.zeros(4, 4), torch.eye(4), -torch.eye(3, 5), torch.randn(4, 4).triu(),
+            torch.randn(5, 3) * 1e-25, torch.randn(3, 5) * 1e25, torch.tensor([[0.0], [0.0], [3.0]])]
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_geqrf_lapack_branches(mode, no_fallback, index):
+    a = special_matrices()[index]
+    got, want = on_tpu(torch.geqrf, a), torch.geqrf(a)
+    scale = a.abs().max().item() or 1.0
+    close(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_geqrf_rank_deficient_is_a_valid_factorization(mode, no_fallback):
+    """Dependent columns make QR non-unique (the later columns are rounding
+    residue in LAPACK as here): the columns before the dependence match
+    LAPACK, and the result factors A."""
+    a = torch.randn(2, 6, 4)
+    a[..., 2] = a[..., 0] * 2 - a[..., 1]
+    factored, tau = on_tpu(torch.geqrf, a)
+    want_factored, want_tau = torch.geqrf(a)
+    close((factored[..., :2], tau[..., :2]), (want_factored[..., :2], want_tau[..., :2]))
+    q = torch.linalg.householder_product(factored, tau)
+    torch.testing.assert_close(q.mT @ q, torch.eye(4).expand(2, 4, 4), rtol=0, atol=1e-5)
+    q_full = torch.ormqr(factored, tau, torch.eye(6).expand(2, 6, 6).contiguous())
+    torch.testing.assert_close(q_full @ factored.triu(), a, rtol=0, atol=1e-5)
+
+
+def test_geqrf_nan_stays_nan(nan_mode, no_fallback):
+    a = torch.randn(4, 3)
+    a[2, 1] = float("nan")
+    factored, tau = on_tpu(torch.geqrf, a)
+    want_factored, want_tau = torch.geqrf(a)
+    close((factored[:, 0], tau[0]), (want_factored[:, 0], want_tau[0]))
+    assert factored[:, 1:].isnan().any() and tau[1:].isnan().any()
+
+
+def test_geqrf_out(mode, no_fallback):
+    a = torch.randn(3, 5, 3)
+    out = (torch.empty(0, device="tpu"), torch.empty(0, device="tpu"))
+    torch.geqrf(a.to("tpu"), out=out)
+    close(tuple(o.cpu() for o in out), torch.geqrf(a))

@@ -11,6 +11,14 @@ sorg2r, which PyTorch's CPU kernels call. The unrolled graph grows with the
 reflector count, so more than `MAX_REFLECTORS` (or more than `WORK_LIMIT`
 multiply-adds) stay on the CPU. Only float32: PyTorch's CPU has no bfloat16 or
 float16 kernels for these ops (the CPU then raises PyTorch's own error).
+
+Where a matrix's first min(m, n) columns are linearly dependent, its QR
+factorization is not unique (PyTorch's docs say so): the columns past the
+dependence come from rounding residues, which differ between any two
+implementations (LAPACK builds, or PyTorch's CUDA and CPU kernels) and differ
+here too. Such results are still a valid factorization (Q R = A, Q
+orthogonal); the columns before the dependence, and exact zeros in the input,
+match LAPACK within float32 rounding.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, lower
 
 
-MAX_REFLECTORS = 32
+MAX_REFLECTORS = 64
 WORK_LIMIT = 1 << 22
 
 
@@ -142,3 +150,64 @@ def householder_product(input: ET, tau: ET) -> ET:
     if not m >= n >= k:
         raise Unsupported("householder_product sizes PyTorch rejects")
     return _householder_q(input, tau, n)
+
+
+def _column_reflector(col: ET, alpha: ET, j: int, rows: ET) -> tuple[ET, ET, ET]:
+    """LAPACK's slarfg on column j: with alpha = a[j, j] and x = a[j+1:, j],
+    beta = -sign(alpha) hypot(alpha, |x|) (sign(0) = +), tau = (beta - alpha) / beta,
+    v = x / (alpha - beta); when x is all zeros, H = I (tau = 0, a[j, j] kept).
+    col is [..., m, 1], alpha [..., 1, 1]. Returns (v with its unit at row j
+    and zeros above, tau, the new a[j, j]).
+
+    The norm is taken of the column scaled by its largest magnitude, as
+    snrm2 does, so squares neither overflow nor underflow; denominators are
+    replaced where H = I, so no step makes an infinity or NaN of finite input."""
+    zero_f = _const(0.0)
+    below = rows.binary("gt", j)  # [m, 1]
+    x = below.where_(col, zero_f)
+    x_max = x.unary("abs").reduce("max", [len(col.shape) - 2], True)
+    identity = x_max.binary("eq", 0.0)
+    scale = x_max.binary("maximum", alpha.unary("abs"))
+    scale = scale.binary("eq", 0.0).where_(_const(1.0), scale)
+    xs, al = x.binary("div", scale), alpha.binary("div", scale)
+    norm = xs.binary("mul", xs).reduce("sum", [len(col.shape) - 2], True).binary("add", al.binary("mul", al))
+    norm = norm.unary("sqrt").binary("mul", scale)
+    beta = alpha.binary("ge", 0.0).where_(norm.unary("neg"), norm)
+    safe_beta = identity.where_(_const(1.0), beta)
+    tau = identity.where_(zero_f, beta.binary("sub", alpha).binary("div", safe_beta))
+    denom = identity.where_(_const(1.0), alpha.binary("sub", beta))
+    v = rows.binary("eq", j).where_(_const(1.0), x.binary("div", denom))
+    return v, tau, identity.where_(alpha, beta)
+
+
+def _geqrf(a: ET) -> tuple[ET, ET]:
+    """sgeqr2 column by column: reflect column j onto a multiple of e_j, store
+    beta on the diagonal and v below it, and apply H_j to the columns right of j."""
+    rank = len(a.shape)
+    batch, m, n = list(a.shape[:-2]), a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    rows, cols = _index_grid(m, n)
+    taus = []
+    for j in range(k):
+        col = a.slice(rank - 1, j, j + 1, 1)  # [..., m, 1]
+        alpha = col.slice(rank - 2, j, j + 1, 1)  # [..., 1, 1]
+        v, tau, diag = _column_reflector(col, alpha, j, rows)
+        reflected = _apply_left(a, v, tau)
+        new_col = rows.binary("eq", j).where_(diag, rows.binary("gt", j).where_(v, col))
+        a = cols.binary("gt", j).where_(reflected, cols.binary("eq", j).where_(new_col, a))
+        taus.append(tau.reshape(batch + [1]))
+    tau = eng().cat(taus, rank - 2) if len(taus) > 1 else taus[0]
+    return a, tau
+
+
+@lower("geqrf.default")
+def geqrf(self: ET) -> tuple[ET, ET]:
+    _check_f32(self)
+    if len(self.shape) < 2:
+        raise Unsupported("geqrf of fewer than two dimensions")  # the CPU raises PyTorch's error
+    batch, m, n = list(self.shape[:-2]), self.shape[-2], self.shape[-1]
+    k = min(m, n)
+    if math.prod(self.shape) == 0:
+        return eng().full(0.0, list(self.shape), "f32"), eng().full(0.0, batch + [k], "f32")
+    _check_work(batch, k, m, n)
+    return _geqrf(self)
