@@ -211,3 +211,33 @@ def geqrf(self: ET) -> tuple[ET, ET]:
         return eng().full(0.0, list(self.shape), "f32"), eng().full(0.0, batch + [k], "f32")
     _check_work(batch, k, m, n)
     return _geqrf(self)
+
+
+def _triu(a: ET) -> ET:
+    r, c = _index_grid(a.shape[-2], a.shape[-1])
+    return r.binary("le", c).where_(a, _const(0.0))
+
+
+@lower("linalg_qr.default")
+def linalg_qr(A: ET, mode: str = "reduced") -> tuple[ET, ET]:
+    """As PyTorch's CPU kernel: geqrf, then R from the factored matrix's upper
+    triangle and Q from its reflectors (householder_product), so the signs
+    are LAPACK's. Q has min(m, n) columns (`reduced`), m (`complete`), or is
+    an empty tensor (`r`)."""
+    _check_f32(A)
+    if len(A.shape) < 2 or mode not in ("reduced", "complete", "r"):
+        raise Unsupported("linalg_qr arguments PyTorch rejects")  # the CPU raises its error
+    batch, m, n = list(A.shape[:-2]), A.shape[-2], A.shape[-1]
+    k = min(m, n)
+    r_rows = m if mode == "complete" else k
+    q_cols = m if mode == "complete" else k
+    if math.prod(A.shape) == 0:
+        factored, tau = A, eng().full(0.0, batch + [k], "f32")
+        r = eng().full(0.0, batch + [r_rows, n], "f32")
+    else:
+        _check_work(batch, k, m, max(n, q_cols if mode != "r" else 0))
+        factored, tau = _geqrf(A)
+        r = _triu(factored.slice(len(A.shape) - 2, 0, r_rows, 1))
+    if mode == "r":
+        return eng().full(0.0, [0], "f32"), r
+    return _householder_q(factored, tau, q_cols), r
