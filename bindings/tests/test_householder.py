@@ -131,7 +131,7 @@ def test_geqrf_matches_lapack(mode, no_fallback, shape):
 
 def special_matrices():
     """Inputs where slarfg's branches matter: an all-zero column below the
-    diagonal (H = I, tau = 0), a zero diagonal (sign(0) = +), negative and
+    diagonal (H = I, tau = 0), a zero diagonal (sign(0) = +, also for -0), negative and
     positive identities, triangular input, and magnitudes whose squares would
     overflow or underflow float32 without snrm2's scaling."""
     zero_below = torch.randn(5, 4)
@@ -140,11 +140,14 @@ def special_matrices():
     zero_diag = torch.randn(4, 3)
     zero_diag[0, 0] = 0
     zero_diag[1, 1] = 0
-    return [zero_below, zero_diag, torch.zeros(4, 4), torch.eye(4), -torch.eye(3, 5), torch.randn(4, 4).triu(),
+    negative_zero = torch.randn(4, 3)
+    negative_zero[0, 0] = -0.0  # MKL's slarfg takes sign(-0) = + too
+    return [zero_below, zero_diag, negative_zero, torch.zeros(4, 4), torch.eye(4), -torch.eye(3, 5),
+            torch.randn(4, 4).triu(),
             torch.randn(5, 3) * 1e-25, torch.randn(3, 5) * 1e25, torch.tensor([[0.0], [0.0], [3.0]])]
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(10))
 def test_geqrf_lapack_branches(mode, no_fallback, index):
     a = special_matrices()[index]
     got, want = on_tpu(torch.geqrf, a), torch.geqrf(a)
@@ -193,7 +196,7 @@ def test_linalg_qr_matches_lapack(mode, no_fallback, shape, qr_mode):
     close(got, want)
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(10))
 def test_linalg_qr_lapack_branches(mode, no_fallback, index):
     a = special_matrices()[index]
     scale = a.abs().max().item() or 1.0
@@ -210,7 +213,7 @@ def test_linalg_qr_out_and_nan(nan_mode, no_fallback):
     torch.linalg.qr(a.to("tpu"), out=out)
     close(tuple(o.cpu() for o in out), torch.linalg.qr(a))
     # NaN spreads through Q and R as in LAPACK, except that this CPU's
-    # LAPACK build drops a NaN diagonal inside slapy2 (R[0, 0] finite there,
+    # LAPACK (MKL) drops a NaN diagonal inside slapy2 (R[0, 0] finite there,
     # NaN here): NaN handling differs between LAPACK builds.
     a[0, 0] = float("nan")
     q, r = on_tpu(torch.linalg.qr, a)

@@ -18,7 +18,8 @@ dependence come from rounding residues, which differ between any two
 implementations (LAPACK builds, or PyTorch's CUDA and CPU kernels) and differ
 here too. Such results are still a valid factorization (Q R = A, Q
 orthogonal); the columns before the dependence, and exact zeros in the input,
-match LAPACK within float32 rounding.
+match LAPACK within float32 rounding. NaN input gives NaN output, though
+not always in the same entries as MKL's LAPACK (its slapy2 drops a NaN).
 """
 
 from __future__ import annotations
