@@ -1,0 +1,87 @@
+"""Sorting-based ops composed from engine ops (lowerings/sorting.py): sort,
+argsort, msort, nonzero, unique, topk, kthvalue, median, against CPU eager
+with `torch.equal` (every result of these ops is exact: values are moved,
+never computed), on NaN, ties, signed zeros, empty inputs and negative dims,
+and without the CPU fallback."""
+
+import pytest
+import torch
+
+import deferfuse
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def nan_mode(request):
+    """The modes without Debug's NaN/Inf check (these tests make NaN and Inf on purpose)."""
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    before = deferfuse.fallback_counts()
+    yield
+    used = deferfuse.fallback_counts() - before
+    assert not used, f"fell back to the CPU: {dict(used)}"
+
+
+def on_tpu(fn, *args, **kwargs):
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = fn(*moved, **kw)
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    if isinstance(out, tuple):
+        return tuple(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
+    return out
+
+
+def same(got, want):
+    """Exact equality of tensors or tuples of tensors, NaN equal to NaN, dtypes too."""
+    if isinstance(want, torch.Tensor):
+        want, got = (want,), (got,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
+        assert torch.equal(g.nan_to_num(nan=12345.0), w.nan_to_num(nan=12345.0)) if w.is_floating_point() \
+            else torch.equal(g, w), (g, w)
+
+
+SORT_INPUTS = [
+    torch.tensor([3.0, NAN, -1.0, 3.0, -INF, 0.0, -0.0, NAN, INF, 3.0]),
+    torch.tensor([[2.0, 1.0, 2.0, 1.0], [NAN, 5.0, NAN, -5.0], [0.0, 0.0, 0.0, 0.0]]),
+    torch.randn(3, 5, 4).round(),  # many ties
+]
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_is_stable_with_pytorchs_nan_order(nan_mode, no_fallback, descending):
+    for x in SORT_INPUTS:
+        for dim in range(-x.dim(), x.dim()):
+            same(on_tpu(torch.sort, x, dim=dim, descending=descending), torch.sort(x, dim=dim, descending=descending))
+            same(on_tpu(torch.sort, x, dim=dim, descending=descending, stable=True),
+                 torch.sort(x, dim=dim, descending=descending, stable=True))
+            same(on_tpu(torch.argsort, x, dim=dim, descending=descending),
+                 torch.argsort(x, dim=dim, descending=descending))
+    same(on_tpu(torch.msort, SORT_INPUTS[2]), torch.msort(SORT_INPUTS[2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.bfloat16])
+def test_sort_other_dtypes(nan_mode, no_fallback, dtype):
+    x = (torch.randn(4, 7) * 3).round().to(dtype)
+    for descending in (False, True):
+        same(on_tpu(torch.sort, x, dim=-1, descending=descending), torch.sort(x, dim=-1, descending=descending))
+        same(on_tpu(torch.sort, x, dim=0, descending=descending, stable=True),
+             torch.sort(x, dim=0, descending=descending, stable=True))
+
+
+def test_sort_zero_dim_and_empty(nan_mode, no_fallback):
+    for x in (torch.tensor(2.5), torch.empty(0), torch.empty(3, 0)):
+        same(on_tpu(torch.sort, x), torch.sort(x))
+
+
+def test_sort_too_large_falls_back_correctly(nan_mode):
+    x = torch.randn(5000)
+    same(on_tpu(torch.sort, x), torch.sort(x))
