@@ -85,3 +85,31 @@ def test_sort_zero_dim_and_empty(nan_mode, no_fallback):
 def test_sort_too_large_falls_back_correctly(nan_mode):
     x = torch.randn(5000)
     same(on_tpu(torch.sort, x), torch.sort(x))
+
+
+NONZERO_INPUTS = [
+    torch.tensor([0.0, NAN, -0.0, 2.0, 0.0, -INF]),  # NaN and inf are nonzero, -0.0 is not
+    torch.tensor([[0, 3, 0], [1, 0, 7]]),
+    torch.tensor([[True, False], [False, True]]),
+    (torch.randn(2, 3, 4) > 0.3).float(),
+    torch.zeros(3, 2),
+    torch.tensor(5.0),
+    torch.tensor(0.0),
+    torch.empty(0, 3),
+]
+
+
+def test_nonzero(nan_mode, no_fallback):
+    for x in NONZERO_INPUTS:
+        same(on_tpu(torch.nonzero, x), torch.nonzero(x))
+        same(on_tpu(torch.argwhere, x), torch.argwhere(x))
+        if x.dim():
+            same(on_tpu(torch.nonzero, x, as_tuple=True), torch.nonzero(x, as_tuple=True))
+
+
+@pytest.mark.parametrize("size", [0, 1, 3, 20])
+@pytest.mark.parametrize("fill_value", [-1, 7])
+def test_nonzero_static_pads_and_truncates(nan_mode, no_fallback, size, fill_value):
+    for x in NONZERO_INPUTS:
+        same(on_tpu(torch.nonzero_static, x, size=size, fill_value=fill_value),
+             torch.nonzero_static(x, size=size, fill_value=fill_value))

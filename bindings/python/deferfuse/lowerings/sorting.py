@@ -103,3 +103,77 @@ def sort(self: ET, dim: int = -1, descending: bool = False) -> tuple[ET, ET]:
 @lower("sort.stable")
 def sort_stable(self: ET, *, stable: bool | None = None, dim: int = -1, descending: bool = False) -> tuple[ET, ET]:
     return _sort(self, dim, descending)
+
+
+# ---- nonzero ------------------------------------------------------------------
+
+
+def _read_count(count: ET) -> int:
+    """The one value these data-dependent shapes need on the host (PyTorch's
+    CUDA kernels synchronize for it the same way); everything else stays on
+    the engine."""
+    from .._handles import to_cpu_value
+
+    return int(to_cpu_value(count).item())
+
+
+def _inclusive_count(flags: ET) -> ET:
+    """[N] i64: how many of flags[0..=i] are set (a masked sum over j <= i)."""
+    n = flags.shape[-1]
+    pos = eng().arange(0, n, 1, "i64")
+    upto = pos.reshape([n, 1]).binary("ge", pos)  # [i, j]: j <= i
+    hits = upto.binary("logical_and", flags.reshape(list(flags.shape[:-1]) + [1, n]))
+    return hits.cast("i64").reduce("sum", [-1], False)
+
+
+def _coordinates(shape: list[int]) -> ET:
+    """[N, ndim] i64: the row-major coordinates of every element."""
+    cols = []
+    for d, size in enumerate(shape):
+        view = [1] * len(shape)
+        view[d] = size
+        cols.append(eng().arange(0, size, 1, "i64").reshape(view).expand(shape).reshape([math.prod(shape), 1]))
+    return eng().cat(cols, 1)
+
+
+def _nonzero_flags(x: ET) -> ET:
+    if not isinstance(x, ET):
+        raise Unsupported("nonzero of a non-tensor")
+    if len(x.shape) == 0:  # one element, and no coordinates to give
+        x = x.reshape([1])
+    return x.reshape([math.prod(x.shape)]).binary("ne", 0 if x.dtype != "bool" else False) \
+        if x.dtype != "bool" else x.reshape([math.prod(x.shape)])
+
+
+def _nonzero_slots(x: ET, size: int, fill_value: int) -> ET:
+    """[size, ndim]: the coordinates of the first `size` nonzeros in row-major
+    order, then rows of fill_value."""
+    flags = _nonzero_flags(x)
+    n, ndim = flags.shape[0], len(x.shape)
+    if n == 0 or size == 0 or ndim == 0:
+        return eng().full(float(fill_value), [size, ndim], "i64")
+    _check_square(1, n)
+    if size * n * ndim > ONE_HOT_LIMIT:
+        raise Unsupported("a nonzero too large for masked sums")
+    slot = flags.where_(_inclusive_count(flags).binary("sub", 1), -1)  # [N]; -1 never matches
+    coords = _coordinates(list(x.shape)).permute([1, 0])  # [ndim, N]
+    picked = _place(slot.expand([ndim, n]), coords, size).permute([1, 0])  # [size, ndim]
+    filled = eng().arange(0, size, 1, "i64").binary("lt", flags.cast("i64").reduce("sum", [0], False))
+    return filled.reshape([size, 1]).where_(picked, eng().full(float(fill_value), [], "i64"))
+
+
+@lower("nonzero_static.default")
+def nonzero_static(self: ET, *, size: int, fill_value: int = -1) -> ET:
+    return _nonzero_slots(self, size, fill_value)
+
+
+@lower("nonzero.default")
+def nonzero(self: ET) -> ET:
+    """Reads the number of nonzeros back to the host (the output's size)."""
+    flags = _nonzero_flags(self)
+    if flags.shape[0] == 0:
+        return eng().full(0.0, [0, len(self.shape)], "i64")
+    if flags.shape[0] ** 2 > ONE_HOT_LIMIT:
+        raise Unsupported("a nonzero too large for masked sums")
+    count = _read_count(flags.cast("i64").reduce("sum", [0], False))
+    return _nonzero_slots(self, count, -1)
