@@ -113,3 +113,45 @@ def test_nonzero_static_pads_and_truncates(nan_mode, no_fallback, size, fill_val
     for x in NONZERO_INPUTS:
         same(on_tpu(torch.nonzero_static, x, size=size, fill_value=fill_value),
              torch.nonzero_static(x, size=size, fill_value=fill_value))
+
+
+UNIQUE_INPUTS = [
+    torch.tensor([3.0, 1.0, NAN, 2.0, 1.0, NAN, -0.0, 0.0, INF, -INF, 3.0]),  # NaNs stay distinct
+    torch.tensor([[5, 3, 5], [1, 9, 3]]),
+    torch.tensor([True, False, True]),
+    torch.randint(0, 3, (4, 5)).float(),
+    torch.tensor(2.0),
+]
+
+
+@pytest.mark.parametrize("sorted_", [False, True])
+def test_unique(nan_mode, no_fallback, sorted_):
+    for x in UNIQUE_INPUTS + [torch.empty(0), torch.empty(2, 0)]:
+        for inverse in (False, True):
+            for counts in (False, True):
+                same(on_tpu(torch.ops.aten._unique2, x, sorted_, inverse, counts),
+                     torch.ops.aten._unique2(x, sorted_, inverse, counts))
+                same(on_tpu(torch.unique_consecutive, x, return_inverse=inverse, return_counts=counts),
+                     torch.unique_consecutive(x, return_inverse=inverse, return_counts=counts))
+        same(on_tpu(torch.unique, x, sorted=sorted_), torch.unique(x, sorted=sorted_))
+
+
+def test_unique_along_a_dim(nan_mode, no_fallback):
+    rows = torch.tensor([[1.0, 2.0, 0.0], [0.0, 5.0, 1.0], [1.0, 2.0, 0.0], [0.0, 3.0, 1.0], [0.0, 3.0, 1.0], [-INF, 0.0, 0.0]])
+    for x in (rows, rows.long(), rows > 0, torch.randint(0, 2, (3, 4, 2)).float(), torch.empty(0, 3)):
+        for dim in range(-x.dim(), x.dim()):
+            if x.numel() == 0 and x.shape[dim] != 0:
+                continue  # PyTorch rejects an unselected empty dimension
+            for inverse in (False, True):
+                for counts in (False, True):
+                    same(on_tpu(torch.unique, x, dim=dim, return_inverse=inverse, return_counts=counts),
+                         torch.unique(x, dim=dim, return_inverse=inverse, return_counts=counts))
+                    same(on_tpu(torch.unique_consecutive, x, dim=dim, return_inverse=inverse, return_counts=counts),
+                         torch.unique_consecutive(x, dim=dim, return_inverse=inverse, return_counts=counts))
+
+
+def test_unique_dim_with_nan_runs_on_the_cpu(nan_mode):
+    x = torch.tensor([[1.0, NAN], [1.0, NAN], [0.0, 2.0]])
+    same(on_tpu(torch.unique, x, dim=0, return_inverse=True, return_counts=True),
+         torch.unique(x, dim=0, return_inverse=True, return_counts=True))
+    same(on_tpu(torch.unique_consecutive, x, dim=0, return_counts=True), torch.unique_consecutive(x, dim=0, return_counts=True))

@@ -177,3 +177,175 @@ def nonzero(self: ET) -> ET:
         raise Unsupported("a nonzero too large for masked sums")
     count = _read_count(flags.cast("i64").reduce("sum", [0], False))
     return _nonzero_slots(self, count, -1)
+
+
+# ---- unique -------------------------------------------------------------------
+#
+# Unique elements (or slices) without a sort: element i is a representative
+# when no earlier element equals it, and its group's place in the sorted
+# output is the number of representatives that sort before it. Equality is
+# `==`, so NaNs are all distinct, as in PyTorch's CPU kernels. The number of
+# groups, the output's size, is read back to the host.
+
+
+def _as_rows(x: ET, dim: int | None) -> ET:
+    """[n, m]: the slices along `dim` (or every element, m = 1)."""
+    if dim is None:
+        return x.reshape([math.prod(x.shape), 1])
+    moved = x.permute([dim] + [a for a in range(len(x.shape)) if a != dim])
+    return moved.reshape([x.shape[dim], math.prod(x.shape) // max(x.shape[dim], 1)])
+
+
+def _pairs(rows: ET, op: str) -> ET:
+    """[n, n, m]: `op` between slice j (first axis) and slice i (second)."""
+    n, m = rows.shape
+    return rows.reshape([n, 1, m]).binary(op, rows.reshape([1, n, m]))
+
+
+def _all_last(flags: ET) -> ET:
+    return flags.cast("i32").reduce("min", [-1], False).cast("bool")
+
+
+def _any_last(flags: ET) -> ET:
+    return flags.cast("i32").reduce("max", [-1], False).cast("bool")
+
+
+def _lex_less(rows: ET) -> ET:
+    """[n, n]: slice j < slice i lexicographically (at their first difference)."""
+    n, m = rows.shape
+    differ = _pairs(rows, "ne")
+    cols = eng().arange(0, m, 1, "i64")
+    first = differ.where_(cols, m).reduce("min", [-1], True)  # [n, n, 1]; m where equal
+    less_there = _pairs(rows, "lt").binary("logical_and", cols.binary("eq", first))
+    return _any_last(less_there)
+
+
+def _scalar_less(rows: ET) -> ET:
+    """[n, n]: element j sorts before element i, NaN last and NaNs by position
+    (PyTorch's sorted unique keeps each NaN, in input order, after the numbers)."""
+    values = rows.reshape([rows.shape[0]])
+    return _before(values, False).binary("logical_and", _pairs(rows, "eq").reshape([rows.shape[0]] * 2).unary("logical_not"))
+
+
+def _groups(rows: ET, equal: ET, less: ET) -> tuple[ET, ET]:
+    """(group of each slice [n] i64, representative flags [n] bool)."""
+    n = rows.shape[0]
+    pos = eng().arange(0, n, 1, "i64")
+    earlier = pos.reshape([n, 1]).binary("lt", pos)  # [j, i]: j < i
+    rep = _any_last(equal.binary("logical_and", earlier).permute([1, 0])).unary("logical_not")
+    group = less.binary("logical_and", rep.reshape([n, 1])).cast("i64").reduce("sum", [0], False)
+    return group, rep
+
+
+def _gather_groups(rows: ET, group: ET, rep: ET, count: int) -> tuple[ET, ET]:
+    """(the representatives in group order [count, m], the group sizes [count])."""
+    n, m = rows.shape
+    slot = rep.where_(group, -1)
+    values = _place(slot.expand([m, n]), rows.permute([1, 0]), count).permute([1, 0])
+    members = group.reshape([1, n]).binary("eq", eng().arange(0, count, 1, "i64").reshape([count, 1]))
+    return values, members.cast("i64").reduce("sum", [1], False)
+
+
+def _unique_rows(rows: ET, lexicographic: bool) -> tuple[ET, ET, ET]:
+    """(unique slices, inverse [n], counts) of [n, m] slices in sorted order;
+    reads the number of groups back to the host."""
+    n, m = rows.shape
+    if n * n * max(m, 1) > ONE_HOT_LIMIT:
+        raise Unsupported("a unique too large for pairwise comparisons")
+    equal = _all_last(_pairs(rows, "eq"))
+    less = _lex_less(rows) if lexicographic else _scalar_less(rows)
+    group, rep = _groups(rows, equal, less)
+    total = rep.cast("i64").reduce("sum", [0], False)
+    if lexicographic and is_float(rows):
+        # PyTorch orders slices holding NaN by its own comparisons; leave them to it.
+        has_nan = _any_last(rows.binary("ne", rows).reshape([n * m]))
+        total = has_nan.where_(-1, total)
+    count = _read_count(total)
+    if count < 0:
+        raise Unsupported("unique slices holding NaN")
+    values, counts = _gather_groups(rows, group, rep, count)
+    return values, group, counts
+
+
+def _empty_i64(shape: list[int]) -> ET:
+    return eng().full(0.0, shape, "i64")
+
+
+@lower("_unique2.default")
+def unique2(self: ET, sorted: bool = True, return_inverse: bool = False,
+            return_counts: bool = False) -> tuple[ET, ET, ET]:
+    """torch.unique without dim. PyTorch's CPU kernel returns sorted values
+    for sorted=False too, so both are the sorted result. Reads the number of
+    unique values back to the host."""
+    if not isinstance(self, ET):
+        raise Unsupported("unique of a non-tensor")
+    shape = list(self.shape)
+    if math.prod(shape) == 0:
+        return self.reshape([0]), _empty_i64(shape if return_inverse else [0]), _empty_i64([0])
+    rows = _as_rows(self if self.dtype != "bool" else self.cast("i32"), None)
+    values, group, counts = _unique_rows(rows, False)
+    values = values.reshape([values.shape[0]]).cast(self.dtype)
+    inverse = group.reshape(shape) if return_inverse else _empty_i64([0])
+    return values, inverse, counts if return_counts else _empty_i64([0])
+
+
+@lower("unique_dim.default")
+def unique_dim(self: ET, dim: int, sorted: bool = True, return_inverse: bool = False,
+               return_counts: bool = False) -> tuple[ET, ET, ET]:
+    """Unique slices along `dim`, in lexicographic order (PyTorch always sorts
+    them and always returns inverse and counts). Reads the number of unique
+    slices back to the host."""
+    if not isinstance(self, ET) or len(self.shape) == 0:
+        raise Unsupported("unique_dim of a zero-dimensional tensor")
+    dim %= len(self.shape)
+    if self.shape[dim] == 0:
+        return self, _empty_i64([0]), _empty_i64([0])
+    if math.prod(self.shape) == 0:
+        raise Unsupported("unique_dim with an empty dimension it does not select (PyTorch raises)")
+    x = self if self.dtype != "bool" else self.cast("i32")
+    values, group, counts = _unique_rows(_as_rows(x, dim), True)
+    return _unrows(values, self, dim).cast(self.dtype), group, counts
+
+
+def _unrows(values: ET, like: ET, dim: int) -> ET:
+    """[k, m] slices back into `like`'s layout with k along `dim`."""
+    rest = [s for a, s in enumerate(like.shape) if a != dim]
+    shaped = values.reshape([values.shape[0]] + rest)
+    return _move_back(shaped.permute(list(range(1, len(rest) + 1)) + [0]), dim) if dim else shaped
+
+
+@lower("unique_consecutive.default")
+def unique_consecutive(self: ET, return_inverse: bool = False, return_counts: bool = False,
+                       dim: int | None = None) -> tuple[ET, ET, ET]:
+    """A slice starts a group where it differs from the one before (so NaNs
+    never merge); groups are numbered by an inclusive prefix count. Reads the
+    number of groups back to the host."""
+    if not isinstance(self, ET):
+        raise Unsupported("unique_consecutive of a non-tensor")
+    if dim is not None:
+        if len(self.shape) == 0:
+            raise Unsupported("unique_consecutive of a zero-dimensional tensor along a dim")
+        dim %= len(self.shape)
+    if dim is None and math.prod(self.shape) == 0:
+        return self.reshape([0]), _empty_i64(list(self.shape) if return_inverse else [0]), _empty_i64([0])
+    if dim is not None and self.shape[dim] == 0:
+        return self, _empty_i64([0]), _empty_i64([0])
+    if math.prod(self.shape) == 0:
+        raise Unsupported("unique_consecutive with an empty dimension it does not select")
+    x = self if self.dtype != "bool" else self.cast("i32")
+    rows = _as_rows(x, dim)
+    n, m = rows.shape
+    if n * n * max(m, 1) > ONE_HOT_LIMIT:
+        raise Unsupported("a unique_consecutive too large for masked sums")
+    starts = eng().full(1.0, [1], "bool")
+    if n > 1:
+        changed = _any_last(rows.slice(0, 1, n, 1).binary("ne", rows.slice(0, 0, n - 1, 1)))
+        starts = eng().cat([starts, changed], 0)
+    group = _inclusive_count(starts).binary("sub", 1)
+    count = _read_count(starts.cast("i64").reduce("sum", [0], False))
+    values, counts = _gather_groups(rows, group, starts, count)
+    if dim is None:
+        values = values.reshape([count]).cast(self.dtype)
+        inverse = group.reshape(list(self.shape)) if return_inverse else _empty_i64([0])
+        return values, inverse, counts if return_counts else _empty_i64([0])
+    return _unrows(values, self, dim).cast(self.dtype), group, counts
