@@ -66,6 +66,11 @@ def test_sort_is_stable_with_pytorchs_nan_order(nan_mode, no_fallback, descendin
             same(on_tpu(torch.argsort, x, dim=dim, descending=descending),
                  torch.argsort(x, dim=dim, descending=descending))
     same(on_tpu(torch.msort, SORT_INPUTS[2]), torch.msort(SORT_INPUTS[2]))
+    signed = torch.tensor([0.0, -0.0, 1.0, -0.0, 0.0])  # equal keys keep their order
+    got, want = on_tpu(torch.sort, signed, descending=descending), torch.sort(signed, descending=descending)
+    same(got, want)
+    if nan_mode == "strict":  # and their sign (DeferAndFuse's fused sums start at +0.0, as PyTorch's do)
+        assert torch.equal(got[0].signbit(), want[0].signbit())
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.bfloat16])
@@ -155,3 +160,78 @@ def test_unique_dim_with_nan_runs_on_the_cpu(nan_mode):
     same(on_tpu(torch.unique, x, dim=0, return_inverse=True, return_counts=True),
          torch.unique(x, dim=0, return_inverse=True, return_counts=True))
     same(on_tpu(torch.unique_consecutive, x, dim=0, return_counts=True), torch.unique_consecutive(x, dim=0, return_counts=True))
+
+
+DISTINCT = [torch.randperm(24).float().reshape(2, 3, 4) - 11.5, torch.tensor([2.0, -INF, NAN, 0.5, INF, -3.0])]
+
+
+@pytest.mark.parametrize("largest", [False, True])
+def test_topk_and_kthvalue_without_ties(nan_mode, no_fallback, largest):
+    for x in DISTINCT:
+        for dim in range(-x.dim(), x.dim()):
+            for k in range(1, x.shape[dim] + 1):
+                same(on_tpu(torch.topk, x, k, dim=dim, largest=largest), torch.topk(x, k, dim=dim, largest=largest))
+                same(on_tpu(torch.kthvalue, x, k, dim, True), torch.kthvalue(x, k, dim, True))
+                same(on_tpu(torch.kthvalue, x, k, dim), torch.kthvalue(x, k, dim))
+    scalar = torch.tensor(1.5)
+    same(on_tpu(torch.topk, scalar, 1), torch.topk(scalar, 1))
+    same(on_tpu(torch.kthvalue, scalar, 1), torch.kthvalue(scalar, 1))
+
+
+def test_topk_and_kthvalue_with_ties_stay_exact(nan_mode):
+    """Ties in short rows are the CPU's insertion sort (stable); longer rows
+    with a picked value that has an equal run on the CPU."""
+    for x in (torch.tensor([[1.0, 1.0, 0.0], [NAN, 2.0, NAN]]), torch.randint(0, 3, (4, 9)).float(),
+              torch.tensor([[NAN, NAN, 1.0, 2.0, 5.0, 5.0]])):
+        for k in range(1, x.shape[-1] + 1):
+            for largest in (False, True):
+                same(on_tpu(torch.topk, x, k, largest=largest), torch.topk(x, k, largest=largest))
+            same(on_tpu(torch.kthvalue, x, k), torch.kthvalue(x, k))
+    x = torch.tensor([[5.0, 1.0, 1.0, 9.0, 7.0]])  # ties that topk(2) does not pick
+    before = deferfuse.fallback_counts()
+    same(on_tpu(torch.topk, x, 2), torch.topk(x, 2))
+    assert not deferfuse.fallback_counts() - before
+
+
+def test_median_breaks_ties_by_position(nan_mode, no_fallback):
+    inputs = [torch.randint(0, 3, (5, 8)).float(), torch.randint(0, 3, (4, 7)),
+              torch.tensor([[3.0, NAN, 1.0, NAN, 2.0], [4.0, 4.0, 1.0, 1.0, 0.0]]),
+              torch.randn(3, 2, 1, 2), torch.tensor(7.0), torch.tensor([[NAN, NAN, NAN], [NAN, 1.0, NAN]])]
+    for x in inputs:
+        same(on_tpu(torch.median, x), torch.median(x))
+        same(on_tpu(torch.nanmedian, x), torch.nanmedian(x))
+        for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
+            for keepdim in (False, True):
+                same(on_tpu(torch.median, x, dim, keepdim), torch.median(x, dim, keepdim))
+                same(on_tpu(torch.nanmedian, x, dim, keepdim), torch.nanmedian(x, dim, keepdim))
+
+
+def test_selections_in_bfloat16(nan_mode):
+    x = torch.randn(3, 7).to(torch.bfloat16)
+    same(on_tpu(torch.topk, x, 3), torch.topk(x, 3))
+    same(on_tpu(torch.kthvalue, x, 2), torch.kthvalue(x, 2))
+    same(on_tpu(torch.median, x, 1), torch.median(x, 1))
+    same(on_tpu(torch.sort, x, 0), torch.sort(x, 0))
+
+
+def test_nanmedian_of_a_long_row_of_nan_runs_on_the_cpu(nan_mode):
+    x = torch.tensor([[NAN] * 6, [NAN, 1.0, 2.0, NAN, 3.0, 0.0]])
+    same(on_tpu(torch.nanmedian, x, 1), torch.nanmedian(x, 1))
+    same(on_tpu(torch.nanmedian, x), torch.nanmedian(x))
+
+
+def test_mode(nan_mode, no_fallback):
+    for x in (torch.randint(0, 3, (4, 6)).float(), torch.tensor([[-0.0, 0.0, 2.0, 2.0, 0.0]]), torch.randint(-2, 2, (3, 5, 4)),
+              torch.tensor([[True, False, True]]), torch.tensor(3.0)):
+        for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
+            for keepdim in (False, True):
+                want = torch.mode(x, dim, keepdim)
+                got = on_tpu(torch.mode, x, dim, keepdim)
+                same(got, want)
+                if x.is_floating_point() and nan_mode == "strict":
+                    assert torch.equal(got[0].signbit(), want[0].signbit())
+
+
+def test_mode_of_long_rows_or_nan_runs_on_the_cpu(nan_mode):
+    for x in (torch.randint(0, 5, (3000,)).float(), torch.tensor([NAN, 1.0, NAN, 1.0])):
+        same(on_tpu(torch.mode, x), torch.mode(x))

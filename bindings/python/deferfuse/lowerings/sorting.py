@@ -9,7 +9,9 @@ PyTorch's order (NaN after every number ascending, before them descending,
 NaNs equal to one another) with ties broken by position, so the result is
 the stable sort, which is also what PyTorch's CPU sort returns. Exactly one
 term of each masked sum is the element itself and the others are -0.0
-(`x + -0.0` is x for every x, +0.0 included), so values are exact. It costs
+(`x + -0.0` is x for every x, +0.0 included), so values are exact (but for
+the sign of a zero in DeferAndFuse mode, whose fused sums start at +0.0 as
+PyTorch's own sums do; the values still compare equal). It costs
 n * n elements per row, so larger inputs (`ONE_HOT_LIMIT`) stay on the CPU.
 """
 
@@ -29,7 +31,8 @@ def _check_square(rows: int, n: int) -> None:
 
 
 def _zero(dtype: str) -> float:
-    """The neutral term of a masked sum: -0.0 keeps a -0.0 element's sign."""
+    """The neutral term of a masked sum: -0.0 keeps a -0.0 element's sign
+    (where the sum does not start from +0.0 itself)."""
     return -0.0 if dtype in ("f32", "bf16", "f16") else 0.0
 
 
@@ -349,3 +352,215 @@ def unique_consecutive(self: ET, return_inverse: bool = False, return_counts: bo
         inverse = group.reshape(list(self.shape)) if return_inverse else _empty_i64([0])
         return values, inverse, counts if return_counts else _empty_i64([0])
     return _unrows(values, self, dim).cast(self.dtype), group, counts
+
+
+# ---- selections: topk, kthvalue, median, mode ---------------------------------
+#
+# Values come from the stable order above. Indices among equal values are
+# another matter: PyTorch's CPU median breaks ties by position (the stable
+# order), but kthvalue and topk use std::nth_element / std::partial_sort,
+# whose order among equal values is the library's own. Those two are exact
+# here only when the picked values have no equal in their row; on rows long
+# enough for that to matter one flag (does any picked value have an equal?)
+# is read back to the host, and the op runs on the CPU if it is set. (The CPU
+# fallback would read the whole input, so the flag costs less.)
+
+
+def _same(a: ET, b: ET) -> ET:
+    """a == b with NaN equal to NaN (equal keys for the CPU's comparators)."""
+    eq = a.binary("eq", b)
+    if is_float(a):
+        eq = eq.binary("logical_or", a.binary("ne", a).binary("logical_and", b.binary("ne", b)))
+    return eq
+
+
+def _refuse_if(flag: ET, why: str) -> None:
+    """Reads one bool back to the host: any set element sends the op to the CPU."""
+    if flag.dtype != "bool" or math.prod(flag.shape) == 0:
+        raise Unsupported("internal: a flag must be a non-empty bool")
+    if _read_count(_any_last(flag.reshape([math.prod(flag.shape)])).cast("i64")):
+        raise Unsupported(why)
+
+
+def _refuse_ties(x: ET, picked: ET, why: str) -> None:
+    """x [..., n], picked [..., k]: refuse when a picked value has an equal in its row."""
+    n, k = x.shape[-1], picked.shape[-1]
+    lead = list(x.shape[:-1])
+    equal = _same(picked.reshape(lead + [k, 1]), x.reshape(lead + [1, n]))
+    _refuse_if(equal.cast("i64").reduce("sum", [-1], False).binary("gt", 1), why)
+
+
+def _pick(rank: ET, value: ET, slot: ET) -> ET:
+    """value[..., i] for the i with rank[..., i] == slot[...] (one per row)."""
+    if value.dtype == "bool":
+        return _pick(rank, value.cast("i32"), slot).cast("bool")
+    hit = rank.binary("eq", slot.reshape(list(slot.shape) + [1]))
+    return hit.where_(value, eng().full(_zero(value.dtype), [], value.dtype)).reduce("sum", [-1], False).cast(value.dtype)
+
+
+def _rows_last(x: ET, dim: int) -> tuple[ET, int]:
+    if len(x.shape) == 0:
+        raise Unsupported("zero-dimensional")
+    dim %= len(x.shape)
+    if math.prod(x.shape) == 0:
+        raise Unsupported("an empty tensor")
+    moved = _move_last(x, dim)
+    _check_square(math.prod(moved.shape[:-1]), moved.shape[-1])
+    return moved, dim
+
+
+def _finish(value: ET, index: ET, dim: int, keepdim: bool) -> tuple[ET, ET]:
+    """[...] results of rows back into the input's layout (dim dropped or kept as 1)."""
+    if keepdim:
+        value = _move_back(value.reshape(list(value.shape) + [1]), dim)
+        index = _move_back(index.reshape(list(index.shape) + [1]), dim)
+    return value, index
+
+
+def _scalar_pair(self: ET) -> tuple[ET, ET]:
+    return self, eng().full(0.0, [], "i64")
+
+
+@lower("kthvalue.default")
+def kthvalue(self: ET, k: int, dim: int = -1, keepdim: bool = False) -> tuple[ET, ET]:
+    if not isinstance(self, ET):
+        raise Unsupported("kthvalue of a non-tensor")
+    if len(self.shape) == 0:
+        if k != 1 or dim not in (0, -1):
+            raise Unsupported("kthvalue out of range")
+        return _scalar_pair(self)
+    x, dim = _rows_last(self, dim)
+    n = x.shape[-1]
+    if not 1 <= k <= n:
+        raise Unsupported("kthvalue out of range (PyTorch raises)")
+    rank = _ranks(x, False)
+    slot = eng().full(float(k - 1), list(x.shape[:-1]), "i64")
+    value = _pick(rank, x, slot)
+    if n > 2:  # std::nth_element keeps no order among equal keys past two elements
+        _refuse_ties(x, value.reshape(list(value.shape) + [1]), "kthvalue of a value with ties")
+    index = _pick(rank, eng().arange(0, n, 1, "i64").expand(list(x.shape)), slot)
+    return _finish(value, index, dim, keepdim)
+
+
+@lower("topk.default")
+def topk(self: ET, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[ET, ET]:
+    if not isinstance(self, ET):
+        raise Unsupported("topk of a non-tensor")
+    if len(self.shape) == 0:
+        if k != 1 or dim not in (0, -1):
+            raise Unsupported("topk of a zero-dimensional tensor with k != 1")
+        return _scalar_pair(self)
+    x, dim = _rows_last(self, dim)
+    n = x.shape[-1]
+    if not 1 <= k <= n:
+        raise Unsupported("topk with k = 0 or out of range")
+    if not sorted and k > 1 and k * 64 > n and n > 3:
+        raise Unsupported("unsorted topk (std::nth_element's order)")
+    rank = _ranks(x, largest)
+    values = _place(rank, x, k)
+    if n > 3:  # up to three elements the CPU sorts by insertion, which is stable
+        _refuse_ties(x, values, "topk of values with ties")
+    indices = _place(rank, eng().arange(0, n, 1, "i64").expand(list(x.shape)), k)
+    return _move_back(values, dim), _move_back(indices, dim)
+
+
+def _half_floor(c: ET) -> ET:
+    """floor((c - 1) / 2) for counts c >= 1, exact (counts are far below 2**24)."""
+    return c.binary("sub", 1).cast("f32").binary("mul", 0.5).unary("floor").cast("i64")
+
+
+def _median_slots(x: ET, ignore_nan: bool) -> tuple[ET, ET, ET]:
+    """(ranks, the slot of each row's median, the count of numbers per row)."""
+    n = x.shape[-1]
+    rank = _ranks(x, False)
+    numbers = x.binary("eq", x).cast("i64").reduce("sum", [-1], False) if is_float(x) \
+        else eng().full(float(n), list(x.shape[:-1]), "i64")
+    if ignore_nan:
+        # the lower median of the numbers; a row of NaN only picks its first NaN
+        slot = numbers.binary("gt", 0).where_(_half_floor(numbers.binary("maximum", 1)), eng().full(0.0, [], "i64"))
+    else:
+        # any NaN: its first NaN, which sorts right after the numbers
+        slot = numbers.binary("eq", n).where_(eng().full(float((n - 1) // 2), [], "i64"), numbers)
+    return rank, slot, numbers
+
+
+def _median_all(self: ET, ignore_nan: bool) -> ET:
+    if not isinstance(self, ET) or math.prod(self.shape) == 0:
+        raise Unsupported("median of an empty tensor")
+    if self.dtype == "bool":
+        raise Unsupported("median of bool")
+    x = self.reshape([math.prod(self.shape)])
+    _check_square(1, x.shape[0])
+    rank, slot, _ = _median_slots(x, ignore_nan)
+    return _pick(rank, x, slot)
+
+
+def _median_dim(self: ET, dim: int, keepdim: bool, ignore_nan: bool) -> tuple[ET, ET]:
+    if not isinstance(self, ET) or self.dtype == "bool":
+        raise Unsupported("median of a non-tensor or bool")
+    if len(self.shape) == 0:
+        if dim not in (0, -1):
+            raise Unsupported("median dim out of range")
+        return _scalar_pair(self)
+    x, dim = _rows_last(self, dim)
+    n = x.shape[-1]
+    rank, slot, numbers = _median_slots(x, ignore_nan)
+    if ignore_nan and n > 3 and is_float(x):
+        # a row of NaN: std::nth_element's pick among equal keys, the library's own
+        _refuse_if(numbers.binary("eq", 0), "nanmedian of a row of NaN")
+    value = _pick(rank, x, slot)
+    index = _pick(rank, eng().arange(0, n, 1, "i64").expand(list(x.shape)), slot)
+    return _finish(value, index, dim, keepdim)
+
+
+@lower("median.default")
+def median(self: ET) -> ET:
+    return _median_all(self, False)
+
+
+@lower("nanmedian.default")
+def nanmedian(self: ET) -> ET:
+    return _median_all(self, True)
+
+
+@lower("median.dim")
+def median_dim(self: ET, dim: int, keepdim: bool = False) -> tuple[ET, ET]:
+    """PyTorch's CPU median breaks ties by position, as the stable order does."""
+    return _median_dim(self, dim, keepdim, False)
+
+
+@lower("nanmedian.dim")
+def nanmedian_dim(self: ET, dim: int, keepdim: bool = False) -> tuple[ET, ET]:
+    return _median_dim(self, dim, keepdim, True)
+
+
+MODE_INSERTION_SORT = 16  # std::sort sorts this many elements by (stable) insertion
+
+
+@lower("mode.default")
+def mode(self: ET, dim: int = -1, keepdim: bool = False) -> tuple[ET, ET]:
+    """The smallest most frequent value and its last position, which is what
+    PyTorch's CPU kernel returns after std::sort while that sort is stable
+    (rows of up to 16 elements without NaN; a NaN flag is read back for floats)."""
+    if not isinstance(self, ET):
+        raise Unsupported("mode of a non-tensor")
+    if len(self.shape) == 0:
+        if dim not in (0, -1):
+            raise Unsupported("mode dim out of range")
+        return _scalar_pair(self)
+    x, dim = _rows_last(self if self.dtype != "bool" else self.cast("i32"), dim)
+    n = x.shape[-1]
+    if n > MODE_INSERTION_SORT:
+        raise Unsupported("mode of rows longer than std::sort's insertion sort")
+    if is_float(x):
+        _refuse_if(x.binary("ne", x), "mode of a row with NaN")
+    lead = list(x.shape[:-1])
+    equal = x.reshape(lead + [n, 1]).binary("eq", x.reshape(lead + [1, n]))
+    freq = equal.cast("i64").reduce("sum", [-1], False)  # [..., n]
+    top = freq.binary("eq", freq.reduce("max", [-1], True))
+    biggest = x.reduce("max", [-1], True)
+    best = top.where_(x, biggest).reduce("min", [-1], True)  # the smallest most frequent value
+    pos = eng().arange(0, n, 1, "i64").expand(list(x.shape))
+    index = x.binary("eq", best).where_(pos, eng().full(-1.0, [], "i64")).reduce("max", [-1], False)
+    value = _pick(pos, x, index).cast(self.dtype)
+    return _finish(value, index, dim, keepdim)
