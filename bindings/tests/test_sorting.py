@@ -73,6 +73,22 @@ def test_sort_is_stable_with_pytorchs_nan_order(nan_mode, no_fallback, descendin
         assert torch.equal(got[0].signbit(), want[0].signbit())
 
 
+@pytest.mark.parametrize("n", [16, 17, 40])
+def test_unstable_sort_of_long_rows_with_ties_stays_exact(nan_mode, n):
+    """PyTorch's unstable CPU sort is not stable past 16 elements: rows with
+    equal keys run on the CPU, rows without stay on the engine."""
+    ties = torch.randint(0, 4, (3, n)).float()
+    distinct = torch.randperm(3 * n).float().reshape(3, n)
+    for x in (ties, distinct):
+        before = deferfuse.fallback_counts()
+        for descending in (False, True):
+            same(on_tpu(torch.sort, x, descending=descending), torch.sort(x, descending=descending))
+            same(on_tpu(torch.argsort, x, descending=descending), torch.argsort(x, descending=descending))
+            same(on_tpu(torch.sort, x, stable=True, descending=descending), torch.sort(x, stable=True, descending=descending))
+        used = deferfuse.fallback_counts() - before
+        assert not used or (x is ties and n > 16 and set(used) == {"aten::sort"}), used
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.bfloat16])
 def test_sort_other_dtypes(nan_mode, no_fallback, dtype):
     x = (torch.randn(4, 7) * 3).round().to(dtype)
@@ -235,3 +251,21 @@ def test_mode(nan_mode, no_fallback):
 def test_mode_of_long_rows_or_nan_runs_on_the_cpu(nan_mode):
     for x in (torch.randint(0, 5, (3000,)).float(), torch.tensor([NAN, 1.0, NAN, 1.0])):
         same(on_tpu(torch.mode, x), torch.mode(x))
+
+
+def test_every_op_in_every_mode_on_finite_inputs(mode, no_fallback):
+    """Debug mode checks each op's output for NaN and Inf: none of the
+    compositions makes either from finite inputs."""
+    x = torch.tensor([[3.0, -1.0, 0.0, 2.5, 3.0], [1.0, 1.0, -2.0, 7.0, 0.0]])
+    same(on_tpu(torch.sort, x, 1, True), torch.sort(x, 1, True))
+    same(on_tpu(torch.nonzero, x), torch.nonzero(x))
+    same(on_tpu(torch.nonzero_static, x, size=4), torch.nonzero_static(x, size=4))
+    same(on_tpu(torch.unique, x, return_inverse=True, return_counts=True), torch.unique(x, return_inverse=True, return_counts=True))
+    same(on_tpu(torch.unique, x, dim=1, return_inverse=True), torch.unique(x, dim=1, return_inverse=True))
+    same(on_tpu(torch.unique_consecutive, x, return_counts=True), torch.unique_consecutive(x, return_counts=True))
+    distinct = torch.tensor([[3.0, -1.0, 0.0, 2.5, 4.0], [1.0, 6.0, -2.0, 7.0, 0.5]])
+    same(on_tpu(torch.topk, distinct, 2), torch.topk(distinct, 2))
+    same(on_tpu(torch.kthvalue, distinct, 3), torch.kthvalue(distinct, 3))
+    same(on_tpu(torch.median, x, 1), torch.median(x, 1))
+    same(on_tpu(torch.nanmedian, x, 0), torch.nanmedian(x, 0))
+    same(on_tpu(torch.mode, x, 1), torch.mode(x, 1))

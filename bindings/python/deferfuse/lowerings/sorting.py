@@ -7,7 +7,10 @@ before it (a [..., n, n] comparison, summed), and slot k is filled by a
 masked sum over i of `where(rank_i == k, x_i, -0.0)`. The comparison is
 PyTorch's order (NaN after every number ascending, before them descending,
 NaNs equal to one another) with ties broken by position, so the result is
-the stable sort, which is also what PyTorch's CPU sort returns. Exactly one
+the stable sort. PyTorch's unstable CPU sort agrees with it on rows of up to
+16 elements (insertion sort) and wherever a row has no equal keys; for longer
+rows one flag (are there equal keys?) is read back to the host, and the op
+runs on the CPU if it is set. Exactly one
 term of each masked sum is the element itself and the others are -0.0
 (`x + -0.0` is x for every x, +0.0 included), so values are exact (but for
 the sign of a zero in DeferAndFuse mode, whose fused sums start at +0.0 as
@@ -34,6 +37,35 @@ def _zero(dtype: str) -> float:
     """The neutral term of a masked sum: -0.0 keeps a -0.0 element's sign
     (where the sum does not start from +0.0 itself)."""
     return -0.0 if dtype in ("f32", "bf16", "f16") else 0.0
+
+
+def _read_count(count: ET) -> int:
+    """The one value these data-dependent shapes need on the host (PyTorch's
+    CUDA kernels synchronize for it the same way); everything else stays on
+    the engine."""
+    from .._handles import to_cpu_value
+
+    return int(to_cpu_value(count).item())
+
+
+def _any_last(flags: ET) -> ET:
+    return flags.cast("i32").reduce("max", [-1], False).cast("bool")
+
+
+def _same(a: ET, b: ET) -> ET:
+    """a == b with NaN equal to NaN (equal keys for the CPU's comparators)."""
+    eq = a.binary("eq", b)
+    if is_float(a):
+        eq = eq.binary("logical_or", a.binary("ne", a).binary("logical_and", b.binary("ne", b)))
+    return eq
+
+
+def _refuse_if(flag: ET, why: str) -> None:
+    """Reads one bool back to the host: any set element sends the op to the CPU."""
+    if flag.dtype != "bool" or math.prod(flag.shape) == 0:
+        raise Unsupported("internal: a flag must be a non-empty bool")
+    if _read_count(_any_last(flag.reshape([math.prod(flag.shape)])).cast("i64")):
+        raise Unsupported(why)
 
 
 def _before(x: ET, descending: bool) -> ET:
@@ -84,7 +116,20 @@ def _sorted_last(x: ET, descending: bool) -> tuple[ET, ET]:
     return _place(rank, x, n), _place(rank, index, n)
 
 
-def _sort(x: ET, dim: int, descending: bool) -> tuple[ET, ET]:
+UNSTABLE_SORT_STABLE_UPTO = 16  # PyTorch's unstable CPU sort sorts this many by insertion
+
+
+def _refuse_equal_keys(x: ET) -> None:
+    """x [..., n]: refuse when a row holds two equal keys (NaN equal to NaN)."""
+    n = x.shape[-1]
+    lead = list(x.shape[:-1])
+    equal = _same(x.reshape(lead + [n, 1]), x.reshape(lead + [1, n]))
+    pos = eng().arange(0, n, 1, "i64")
+    _refuse_if(equal.binary("logical_and", pos.reshape([n, 1]).binary("ne", pos)),
+               "an unstable sort of a long row with equal keys")
+
+
+def _sort(x: ET, dim: int, descending: bool, stable: bool) -> tuple[ET, ET]:
     if not isinstance(x, ET):
         raise Unsupported("sort of a non-tensor")
     if len(x.shape) == 0:
@@ -94,30 +139,25 @@ def _sort(x: ET, dim: int, descending: bool) -> tuple[ET, ET]:
     dim %= len(x.shape)
     if math.prod(x.shape) == 0:
         return x, eng().full(0.0, list(x.shape), "i64")
-    values, indices = _sorted_last(_move_last(x, dim), descending)
+    moved = _move_last(x, dim)
+    _check_square(math.prod(moved.shape[:-1]), moved.shape[-1])
+    if not stable and moved.shape[-1] > UNSTABLE_SORT_STABLE_UPTO:
+        _refuse_equal_keys(moved)
+    values, indices = _sorted_last(moved, descending)
     return _move_back(values, dim), _move_back(indices, dim)
 
 
 @lower("sort.default")
 def sort(self: ET, dim: int = -1, descending: bool = False) -> tuple[ET, ET]:
-    return _sort(self, dim, descending)
+    return _sort(self, dim, descending, False)
 
 
 @lower("sort.stable")
 def sort_stable(self: ET, *, stable: bool | None = None, dim: int = -1, descending: bool = False) -> tuple[ET, ET]:
-    return _sort(self, dim, descending)
+    return _sort(self, dim, descending, bool(stable))
 
 
 # ---- nonzero ------------------------------------------------------------------
-
-
-def _read_count(count: ET) -> int:
-    """The one value these data-dependent shapes need on the host (PyTorch's
-    CUDA kernels synchronize for it the same way); everything else stays on
-    the engine."""
-    from .._handles import to_cpu_value
-
-    return int(to_cpu_value(count).item())
 
 
 def _inclusive_count(flags: ET) -> ET:
@@ -140,12 +180,11 @@ def _coordinates(shape: list[int]) -> ET:
 
 
 def _nonzero_flags(x: ET) -> ET:
+    """[N] bool: which elements (row-major) are nonzero; NaN is nonzero."""
     if not isinstance(x, ET):
         raise Unsupported("nonzero of a non-tensor")
-    if len(x.shape) == 0:  # one element, and no coordinates to give
-        x = x.reshape([1])
-    return x.reshape([math.prod(x.shape)]).binary("ne", 0 if x.dtype != "bool" else False) \
-        if x.dtype != "bool" else x.reshape([math.prod(x.shape)])
+    flat = x.reshape([math.prod(x.shape)])  # a zero-dimensional x is one element
+    return flat if flat.dtype == "bool" else flat.binary("ne", 0)
 
 
 def _nonzero_slots(x: ET, size: int, fill_value: int) -> ET:
@@ -207,10 +246,6 @@ def _pairs(rows: ET, op: str) -> ET:
 
 def _all_last(flags: ET) -> ET:
     return flags.cast("i32").reduce("min", [-1], False).cast("bool")
-
-
-def _any_last(flags: ET) -> ET:
-    return flags.cast("i32").reduce("max", [-1], False).cast("bool")
 
 
 def _lex_less(rows: ET) -> ET:
@@ -364,22 +399,6 @@ def unique_consecutive(self: ET, return_inverse: bool = False, return_counts: bo
 # enough for that to matter one flag (does any picked value have an equal?)
 # is read back to the host, and the op runs on the CPU if it is set. (The CPU
 # fallback would read the whole input, so the flag costs less.)
-
-
-def _same(a: ET, b: ET) -> ET:
-    """a == b with NaN equal to NaN (equal keys for the CPU's comparators)."""
-    eq = a.binary("eq", b)
-    if is_float(a):
-        eq = eq.binary("logical_or", a.binary("ne", a).binary("logical_and", b.binary("ne", b)))
-    return eq
-
-
-def _refuse_if(flag: ET, why: str) -> None:
-    """Reads one bool back to the host: any set element sends the op to the CPU."""
-    if flag.dtype != "bool" or math.prod(flag.shape) == 0:
-        raise Unsupported("internal: a flag must be a non-empty bool")
-    if _read_count(_any_last(flag.reshape([math.prod(flag.shape)])).cast("i64")):
-        raise Unsupported(why)
 
 
 def _refuse_ties(x: ET, picked: ET, why: str) -> None:
