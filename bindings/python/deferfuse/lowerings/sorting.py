@@ -1,27 +1,30 @@
 """Sorting-based ops as compositions: sort, argsort, msort, nonzero, unique,
-topk, kthvalue, median.
+topk, kthvalue, median, nanmedian, mode.
 
 The engine has no sort, so a sort along one axis of n elements is written as
 ranks: element i goes to slot rank_i = the number of elements that come
 before it (a [..., n, n] comparison, summed), and slot k is filled by a
 masked sum over i of `where(rank_i == k, x_i, -0.0)`. The comparison is
 PyTorch's order (NaN after every number ascending, before them descending,
-NaNs equal to one another) with ties broken by position, so the result is
-the stable sort. PyTorch's unstable CPU sort agrees with it on rows of up to
-16 elements (insertion sort) and wherever a row has no equal keys; for longer
-rows one flag (are there equal keys?) is read back to the host, and the op
-runs on the CPU if it is set. Exactly one
-term of each masked sum is the element itself and the others are -0.0
-(`x + -0.0` is x for every x, +0.0 included), so values are exact (but for
-the sign of a zero in DeferAndFuse mode, whose fused sums start at +0.0 as
-PyTorch's own sums do; the values still compare equal). It costs
-n * n elements per row, so larger inputs (`ONE_HOT_LIMIT`) stay on the CPU.
+NaNs equal to one another) with ties broken by position: the stable sort.
+
+Exactly one term of each masked sum is the element itself and the others are
+-0.0 (`x + -0.0` is x for every x, +0.0 included), so values are exact (but
+for the sign of a zero in DeferAndFuse mode, whose fused sums start at +0.0
+as PyTorch's own sums do; the values still compare equal). It costs n * n
+elements per row, so larger inputs (`ONE_HOT_LIMIT`) stay on the CPU.
+
+Host reads: nonzero and the unique family read their output size back (as
+PyTorch's CUDA kernels do). Where PyTorch's CPU kernels order equal keys
+their own way (its unstable sort past 16 elements, std::nth_element in topk
+and kthvalue, a row of NaN in nanmedian, NaN in mode) one bool is read back,
+and the op runs on the CPU if it is set; the CPU fallback would read the
+whole input, so the flag costs less.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, is_float, lower
@@ -75,7 +78,6 @@ def _before(x: ET, descending: bool) -> ET:
     xj = x.reshape(list(x.shape[:-1]) + [n, 1])
     xi = x.reshape(list(x.shape[:-1]) + [1, n])
     strict = xj.binary("gt" if descending else "lt", xi)
-    same = xj.binary("eq", xi)
     if is_float(x):
         nan_j, nan_i = xj.binary("ne", xj), xi.binary("ne", xi)
         # NaN is the largest value: first descending, last ascending.
@@ -83,7 +85,7 @@ def _before(x: ET, descending: bool) -> ET:
             strict = strict.binary("logical_or", nan_j.binary("logical_and", nan_i.unary("logical_not")))
         else:
             strict = strict.binary("logical_or", nan_i.binary("logical_and", nan_j.unary("logical_not")))
-        same = same.binary("logical_or", nan_j.binary("logical_and", nan_i))
+    same = _same(xj, xi)
     pos = eng().arange(0, n, 1, "i64")
     earlier = pos.reshape([n, 1]).binary("lt", pos)  # [j, i]: j < i
     return strict.binary("logical_or", same.binary("logical_and", earlier))
