@@ -269,3 +269,17 @@ def test_every_op_in_every_mode_on_finite_inputs(mode, no_fallback):
     same(on_tpu(torch.median, x, 1), torch.median(x, 1))
     same(on_tpu(torch.nanmedian, x, 0), torch.nanmedian(x, 0))
     same(on_tpu(torch.mode, x, 1), torch.mode(x, 1))
+
+
+def test_unique_inverse_of_many_nans_past_16_elements(nan_mode):
+    """Past 16 elements the CPU's sort does not keep NaNs in input order, which
+    shows in the inverse: those run on the CPU; without the inverse, or with
+    one NaN, they stay on the engine."""
+    x = torch.randint(-2, 3, (3, 7)).float()
+    x[0, 0], x[2, 4] = NAN, NAN
+    same(on_tpu(torch.ops.aten._unique2, x, True, True, True), torch.ops.aten._unique2(x, True, True, True))
+    before = deferfuse.fallback_counts()
+    same(on_tpu(torch.ops.aten._unique2, x, True, False, True), torch.ops.aten._unique2(x, True, False, True))
+    x[2, 4] = 1.0
+    same(on_tpu(torch.ops.aten._unique2, x, True, True, True), torch.ops.aten._unique2(x, True, True, True))
+    assert not deferfuse.fallback_counts() - before

@@ -228,7 +228,8 @@ def nonzero(self: ET) -> ET:
 # Unique elements (or slices) without a sort: element i is a representative
 # when no earlier element equals it, and its group's place in the sorted
 # output is the number of representatives that sort before it. Equality is
-# `==`, so NaNs are all distinct, as in PyTorch's CPU kernels. The number of
+# `==`, so NaNs are all distinct, as in PyTorch's CPU kernels, and NaNs sort
+# last in input order (the CPU's order up to 16 elements). The number of
 # groups, the output's size, is read back to the host.
 
 
@@ -286,9 +287,11 @@ def _gather_groups(rows: ET, group: ET, rep: ET, count: int) -> tuple[ET, ET]:
     return values, members.cast("i64").reduce("sum", [1], False)
 
 
-def _unique_rows(rows: ET, lexicographic: bool) -> tuple[ET, ET, ET]:
+def _unique_rows(rows: ET, lexicographic: bool, nan_limit: int | None) -> tuple[ET, ET, ET]:
     """(unique slices, inverse [n], counts) of [n, m] slices in sorted order;
-    reads the number of groups back to the host."""
+    reads the number of groups back to the host. With more than `nan_limit`
+    NaNs (None: no limit) the op goes to the CPU instead, whose order among
+    NaNs is its sort's own; the count read then says so (-1)."""
     n, m = rows.shape
     if n * n * max(m, 1) > ONE_HOT_LIMIT:
         raise Unsupported("a unique too large for pairwise comparisons")
@@ -296,13 +299,12 @@ def _unique_rows(rows: ET, lexicographic: bool) -> tuple[ET, ET, ET]:
     less = _lex_less(rows) if lexicographic else _scalar_less(rows)
     group, rep = _groups(rows, equal, less)
     total = rep.cast("i64").reduce("sum", [0], False)
-    if lexicographic and is_float(rows):
-        # PyTorch orders slices holding NaN by its own comparisons; leave them to it.
-        has_nan = _any_last(rows.binary("ne", rows).reshape([n * m]))
-        total = has_nan.where_(-1, total)
+    if nan_limit is not None and is_float(rows):
+        nans = rows.binary("ne", rows).reshape([n * m]).cast("i64").reduce("sum", [0], False)
+        total = nans.binary("gt", nan_limit).where_(-1, total)
     count = _read_count(total)
     if count < 0:
-        raise Unsupported("unique slices holding NaN")
+        raise Unsupported("unique with NaN ordered by PyTorch's own sort")
     values, counts = _gather_groups(rows, group, rep, count)
     return values, group, counts
 
@@ -323,7 +325,10 @@ def unique2(self: ET, sorted: bool = True, return_inverse: bool = False,
     if math.prod(shape) == 0:
         return self.reshape([0]), _empty_i64(shape if return_inverse else [0]), _empty_i64([0])
     rows = _as_rows(self if self.dtype != "bool" else self.cast("i32"), None)
-    values, group, counts = _unique_rows(rows, False)
+    # The CPU sorts past 16 elements without keeping NaNs in input order, which
+    # shows in the inverse of two or more NaNs.
+    many = return_inverse and rows.shape[0] > UNSTABLE_SORT_STABLE_UPTO
+    values, group, counts = _unique_rows(rows, False, 1 if many else None)
     values = values.reshape([values.shape[0]]).cast(self.dtype)
     inverse = group.reshape(shape) if return_inverse else _empty_i64([0])
     return values, inverse, counts if return_counts else _empty_i64([0])
@@ -343,7 +348,8 @@ def unique_dim(self: ET, dim: int, sorted: bool = True, return_inverse: bool = F
     if math.prod(self.shape) == 0:
         raise Unsupported("unique_dim with an empty dimension it does not select (PyTorch raises)")
     x = self if self.dtype != "bool" else self.cast("i32")
-    values, group, counts = _unique_rows(_as_rows(x, dim), True)
+    # PyTorch orders slices holding NaN by its own comparisons: leave them to it.
+    values, group, counts = _unique_rows(_as_rows(x, dim), True, 0)
     return _unrows(values, self, dim).cast(self.dtype), group, counts
 
 
