@@ -66,3 +66,35 @@ fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
     assert!(fused[5].len() == 1 && fused[5][0].is_nan(), "{:?}", fused[5]);
     assert_eq!(format!("{fused:?}"), format!("{strict:?}"));
 }
+
+#[test]
+fn long_rows_keep_row_values_read_after_their_reduction() {
+    // Rows longer than a tile are walked in chunks, and the reduction and
+    // what reads it run after the last chunk: per-row values computed before
+    // the reduction (lo < hi, mid + 1) must still be there then. This is one
+    // step of the binding's binary search (searchsorted over 9000 entries was
+    // off by one before slots were allocated in the chunked order).
+    use deferfuse::{Config, Context, DType, Mode};
+    let n = 9000usize;
+    let run = |mode| -> Vec<f32> {
+        let ctx = Context::new(Config { mode, ..Config::default() }).unwrap();
+        let table = ctx.from_vec((0..n).map(|i| i as f32 / n as f32).collect::<Vec<f32>>(), &[n]).unwrap();
+        let values = ctx.from_vec(vec![0.25f32, 0.75, 0.5], &[3]).unwrap();
+        let mut lo = ctx.full(0.0, &[3], DType::F32).unwrap();
+        let mut hi = ctx.full(n as f64, &[3], DType::F32).unwrap();
+        let positions = ctx.arange(0.0, n as f64, 1.0, DType::F32).unwrap();
+        for _ in 0..usize::BITS - n.leading_zeros() {
+            let active = lo.lt(&hi).unwrap();
+            let mid = lo.add(&hi).unwrap().mul(0.5).unwrap().floor().unwrap();
+            let picked = mid.reshape(&[3, 1]).unwrap().eq(&positions).unwrap().where_cond(&table, 0.0f32).unwrap();
+            let at_mid = picked.sum(&[-1], false).unwrap();
+            let right = at_mid.ge(&values).unwrap().logical_not().unwrap();
+            lo = active.logical_and(&right).unwrap().where_cond(mid.add(1.0).unwrap(), &lo).unwrap();
+            hi = active.logical_and(right.logical_not().unwrap()).unwrap().where_cond(&mid, &hi).unwrap();
+        }
+        lo.to_vec::<f32>().unwrap()
+    };
+    let (fused, strict) = (run(Mode::DeferAndFuse), run(Mode::Strict));
+    assert_eq!(strict, vec![2250.0, 6750.0, 4500.0]);
+    assert_eq!(fused, strict);
+}

@@ -274,13 +274,29 @@ impl LoopExec {
             };
             stores.push(StoreSpec { reg: st.reg, output: st.output, layout, frame: st.frame });
         }
-        // Slots: a linear scan over the tile instructions; an instruction
-        // never writes the slot of one of its own operands.
-        let mut last_use = vec![0usize; n];
+        let mut after_reduce = vec![false; n];
         for (i, ins) in kernel.instrs.iter().enumerate() {
-            last_use[i] = last_use[i].max(i);
-            for o in ins.operands() {
-                last_use[o] = last_use[o].max(i);
+            after_reduce[i] =
+                ins.operands().iter().any(|&o| after_reduce[o] || matches!(kernel.instrs[o], Instr::Reduce { .. }));
+        }
+        let chunked = k > 0 && (0..n).all(|i| !(after_reduce[i] && level[i] == Level::Elem));
+        // The order tiles run in. A kernel that may walk long rows in chunks
+        // runs its reductions, and what reads them, after everything else
+        // (see `chunked_body`); it runs in that order on every path, so the
+        // slots below, allocated in this order, are right on every path.
+        let late = |i: usize| after_reduce[i] || matches!(kernel.instrs[i], Instr::Reduce { .. });
+        let order: Vec<usize> = if chunked {
+            (0..n).filter(|&i| !late(i)).chain((0..n).filter(|&i| late(i))).collect()
+        } else {
+            (0..n).collect()
+        };
+        // Slots: a linear scan in that order; an instruction never writes
+        // the slot of one of its own operands.
+        let mut last_use = vec![0usize; n];
+        for (pos, &i) in order.iter().enumerate() {
+            last_use[i] = last_use[i].max(pos);
+            for o in kernel.instrs[i].operands() {
+                last_use[o] = last_use[o].max(pos);
             }
         }
         for st in &stores {
@@ -290,7 +306,8 @@ impl LoopExec {
         let (mut free_e, mut free_r): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         let (mut n_elem, mut n_row) = (0usize, 0usize);
         let (mut scalar_order, mut tile_order) = (Vec::new(), Vec::new());
-        for (i, ins) in kernel.instrs.iter().enumerate() {
+        for (pos, &i) in order.iter().enumerate() {
+            let ins = &kernel.instrs[i];
             match level[i] {
                 Level::Scalar => {
                     scalar_order.push(i);
@@ -315,7 +332,7 @@ impl LoopExec {
             ops.sort_unstable();
             ops.dedup();
             for o in ops {
-                if last_use[o] == i {
+                if last_use[o] == pos {
                     match level[o] {
                         Level::Elem => free_e.push(slot[o]),
                         Level::Row => free_r.push(slot[o]),
@@ -324,12 +341,6 @@ impl LoopExec {
                 }
             }
         }
-        let mut after_reduce = vec![false; n];
-        for (i, ins) in kernel.instrs.iter().enumerate() {
-            after_reduce[i] =
-                ins.operands().iter().any(|&o| after_reduce[o] || matches!(kernel.instrs[o], Instr::Reduce { .. }));
-        }
-        let chunked = k > 0 && (0..n).all(|i| !(after_reduce[i] && level[i] == Level::Elem));
         Ok(LoopExec {
             after_reduce,
             chunked,
