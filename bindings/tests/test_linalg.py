@@ -1,0 +1,97 @@
+"""Dense linear algebra unrolled into engine ops (lowerings/linalg.py):
+triangular solves, Cholesky, LU and what is built on them, each against CPU
+eager (LAPACK) within a stated tolerance, and each without the CPU fallback.
+Integer outputs (pivots, info) must be equal."""
+
+import pytest
+import torch
+
+import deferfuse
+
+# f32 against LAPACK: the same algorithms, other summation orders.
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def nan_mode(request):
+    """The modes without Debug's NaN/Inf check."""
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    before = deferfuse.fallback_counts()
+    yield
+    used = deferfuse.fallback_counts() - before
+    assert not used, f"fell back to the CPU: {dict(used)}"
+
+
+def on_tpu(fn, *args, **kwargs):
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    out = fn(*moved, **kwargs)
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    return type(out)(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
+
+
+def well_conditioned_triangular(*shape, upper):
+    a = torch.randn(*shape) / shape[-1] ** 0.5
+    a = a + torch.eye(shape[-1]) * 2  # a dominant diagonal
+    return a  # the other triangle is garbage on purpose: it must not be read
+
+
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("unit", [False, True])
+def test_solve_triangular_all_variants(nan_mode, no_fallback, upper, left, unit):
+    a = well_conditioned_triangular(2, 1, 5, 5, upper=upper)
+    b = torch.randn(3, 5, 4) if left else torch.randn(3, 4, 5)  # batch dims broadcast
+    want = torch.linalg.solve_triangular(a, b, upper=upper, left=left, unitriangular=unit)
+    got = on_tpu(torch.linalg.solve_triangular, a, b, upper=upper, left=left, unitriangular=unit)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("n", [1, 16, 64])
+def test_solve_triangular_sizes(mode, no_fallback, n):
+    a = well_conditioned_triangular(n, n, upper=False)
+    b = torch.randn(n, 3)
+    want = torch.linalg.solve_triangular(a, b, upper=False)
+    torch.testing.assert_close(on_tpu(torch.linalg.solve_triangular, a, b, upper=False), want, **TOL)
+
+
+def test_solve_triangular_empty(nan_mode, no_fallback):
+    for a, b, left in [(torch.randn(0, 0), torch.randn(0, 3), True), (torch.randn(3, 3), torch.randn(3, 0), True),
+                       (torch.randn(2, 3, 3), torch.randn(2, 0, 3), False), (torch.randn(0, 2, 2), torch.randn(2, 1), True)]:
+        want = torch.linalg.solve_triangular(a, b, upper=True, left=left)
+        got = on_tpu(torch.linalg.solve_triangular, a, b, upper=True, left=left)
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_solve_triangular_nan_and_singular(nan_mode, no_fallback):
+    a = well_conditioned_triangular(4, 4, upper=True)
+    b = torch.randn(4, 2)
+    b[3, 0] = float("nan")
+    want = torch.linalg.solve_triangular(a, b, upper=True)
+    torch.testing.assert_close(on_tpu(torch.linalg.solve_triangular, a, b, upper=True), want, equal_nan=True, **TOL)
+    a[1, 1] = 0.0  # singular: division by zero gives inf/NaN as in LAPACK
+    want = torch.linalg.solve_triangular(a, torch.ones(4, 1), upper=True)
+    got = on_tpu(torch.linalg.solve_triangular, a, torch.ones(4, 1), upper=True)
+    assert torch.equal(got.isfinite(), want.isfinite())
+
+
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_triangular_solve(nan_mode, no_fallback, upper, transpose):
+    a = well_conditioned_triangular(2, 4, 4, upper=upper)
+    b = torch.randn(3, 1, 4, 2)
+    want = torch.triangular_solve(b, a, upper=upper, transpose=transpose)
+    got = on_tpu(torch.triangular_solve, b, a, upper=upper, transpose=transpose)
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    assert torch.equal(got[1], want[1])
+
+
+def test_bfloat16_stays_pytorchs_error():
+    a = torch.eye(3, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError):
+        torch.linalg.solve_triangular(a.to("tpu"), a.to("tpu"), upper=True)
