@@ -95,3 +95,69 @@ def test_bfloat16_stays_pytorchs_error():
     a = torch.eye(3, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError):
         torch.linalg.solve_triangular(a.to("tpu"), a.to("tpu"), upper=True)
+
+
+def spd(*shape):
+    x = torch.randn(*shape)
+    return x @ x.mT + shape[-1] * torch.eye(shape[-1])
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_ex(mode, no_fallback, upper):
+    a = spd(2, 3, 6, 6)
+    want = torch.linalg.cholesky_ex(a, upper=upper)
+    got = on_tpu(torch.linalg.cholesky_ex, a, upper=upper)
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_reads_one_triangle(nan_mode, no_fallback, upper):
+    a = spd(5, 5)
+    garbage = torch.randn(5, 5) * 100
+    ones = torch.ones(5, 5, dtype=torch.bool)
+    unread = ones.tril(-1) if upper else ones.triu(1)
+    a = torch.where(unread, garbage, a)
+    want = torch.linalg.cholesky_ex(a, upper=upper)
+    got = on_tpu(torch.linalg.cholesky_ex, a, upper=upper)
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_not_positive_definite_is_lapacks(nan_mode, no_fallback, upper):
+    """info is the first failing minor; L is what LAPACK leaves (factored
+    columns, the failed Schur value, A's own entries after it)."""
+    a = torch.stack([spd(6, 6) for _ in range(4)])
+    a[0, 3, 3] -= 1000.0
+    a[1, 0, 0] = -1.0
+    a[2, 5, 5] = float("nan")
+    want = torch.linalg.cholesky_ex(a, upper=upper)
+    got = on_tpu(torch.linalg.cholesky_ex, a, upper=upper)
+    assert torch.equal(got[1], want[1]), (got[1], want[1])
+    torch.testing.assert_close(got[0], want[0], equal_nan=True, **TOL)
+    small = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
+    assert torch.equal(on_tpu(torch.linalg.cholesky_ex, small)[0], torch.linalg.cholesky_ex(small)[0])
+
+
+def test_cholesky_empty(nan_mode, no_fallback):
+    for shape in [(0, 0), (2, 0, 0), (0, 3, 3)]:
+        want = torch.linalg.cholesky_ex(torch.randn(shape))
+        got = on_tpu(torch.linalg.cholesky_ex, torch.randn(shape))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_solve_and_inverse(mode, no_fallback, upper):
+    a = spd(2, 5, 5)
+    factor = torch.linalg.cholesky(a, upper=upper)
+    b = torch.randn(3, 1, 5, 2)
+    torch.testing.assert_close(on_tpu(torch.cholesky_solve, b, factor, upper=upper),
+                               torch.cholesky_solve(b, factor, upper=upper), **TOL)
+    torch.testing.assert_close(on_tpu(torch.cholesky_inverse, factor, upper=upper),
+                               torch.cholesky_inverse(factor, upper=upper), **TOL)
+
+
+def test_linalg_cholesky_of_batches(mode, no_fallback):
+    a = spd(3, 4, 4)
+    torch.testing.assert_close(on_tpu(torch.linalg.cholesky, a), torch.linalg.cholesky(a), **TOL)

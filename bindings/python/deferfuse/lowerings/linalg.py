@@ -149,3 +149,97 @@ def triangular_solve(self: ET, A: ET, upper: bool = True, transpose: bool = Fals
     x = _solve_triangular(a, self, upper != transpose, True, unitriangular)
     batch = list(x.shape[:-2])
     return x, _expand_batch(A, batch)
+
+
+# ---- Cholesky --------------------------------------------------------------------
+
+
+def _int_full(value: int, shape: list[int]) -> ET:
+    return eng().full(float(value), shape, "i32")
+
+
+def _cholesky_lower(a: ET) -> tuple[ET, ET]:
+    """L (lower) and LAPACK's info for [..., n, n], reading A's lower triangle.
+
+    Right-looking: column j of the running Schur complement S gives
+    d = S_jj, L_jj = sqrt(d) and L_ij = S_ij / L_jj below it; then
+    S -= l l^T. Where d is not positive (or NaN) the matrix is not positive
+    definite and info = j + 1 for the first such j; the output then is what
+    LAPACK's potf2 (and MKL, as measured) leaves: the columns before j
+    factored, d on the diagonal at j, and A's own lower triangle below it and
+    in the later columns. sqrt only ever sees positive values, so no step
+    makes a NaN that the result does not have."""
+    n = a.shape[-1]
+    batch = list(a.shape[:-2])
+    rows = eng().arange(0, n, 1, "i64").reshape([n, 1])
+    s = a
+    info = _int_full(0, batch + [1, 1])
+    failed = eng().full(0.0, batch + [1, 1], "bool")
+    columns = []
+    for j in range(n):
+        col = _col(s, j)  # [..., n, 1]
+        d = _row(col, j)  # [..., 1, 1]
+        ok = d.binary("gt", 0.0)
+        root = ok.where_(d, 1.0).unary("sqrt")
+        below = rows.binary("gt", j)
+        at = rows.binary("eq", j)
+        l = _keep(col.binary("div", root), below)
+        l = at.where_(root, l)
+        fails_here = ok.unary("logical_not").binary("logical_and", failed.unary("logical_not"))
+        info = fails_here.where_(_int_full(j + 1, []), info)
+        # potf2's leftovers: A's column from the failed one on, d on the failed diagonal.
+        original = _keep(_col(a, j), rows.binary("ge", j))
+        leftover = fails_here.binary("logical_and", at).where_(d, original)
+        failed = failed.binary("logical_or", fails_here)
+        columns.append(failed.where_(leftover, l))
+        if j + 1 < n:
+            s = s.binary("sub", l.binary("mul", _mT(l)))
+    out = eng().cat(columns, -1) if n > 1 else columns[0]
+    return out, info.reshape(batch)
+
+
+def _cholesky(a: ET, upper: bool) -> tuple[ET, ET]:
+    _check(a)
+    n = _order(a)
+    batch = list(a.shape[:-2])
+    if math.prod(a.shape) == 0:
+        return _zeros(list(a.shape)), _int_full(0, batch)
+    if upper:
+        # The upper factor of A is the transposed lower factor of A^T (whose
+        # lower triangle is A's upper one).
+        low, info = _cholesky_lower(_mT(a))
+        return _mT(low), info
+    return _cholesky_lower(a)
+
+
+@lower("linalg_cholesky_ex.default")
+def linalg_cholesky_ex(self: ET, *, upper: bool = False, check_errors: bool = False) -> tuple[ET, ET]:
+    if check_errors:
+        raise Unsupported("check_errors (raising needs info on the host)")
+    return _cholesky(self, upper)
+
+
+def _cholesky_solve(b: ET, factor: ET, upper: bool) -> ET:
+    """X with A X = B for A = L L^T (or U^T U): two triangular solves."""
+    if upper:
+        y = _solve_triangular(_mT(factor), b, False, True, False)
+        return _solve_triangular(factor, y, True, True, False)
+    y = _solve_triangular(factor, b, False, True, False)
+    return _solve_triangular(_mT(factor), y, True, True, False)
+
+
+@lower("_cholesky_solve_helper.default")
+def cholesky_solve_helper(self: ET, A: ET, upper: bool) -> ET:
+    _check(self, A)
+    return _cholesky_solve(self, A, upper)
+
+
+@lower("cholesky_inverse.default")
+def cholesky_inverse(self: ET, upper: bool = False) -> ET:
+    """(L L^T)^-1 as the solve with the identity."""
+    _check(self)
+    n = _order(self)
+    if math.prod(self.shape) == 0:
+        return _zeros(list(self.shape))
+    eye = _eye(n).where_(1.0, 0.0).cast("f32").expand(list(self.shape))
+    return _cholesky_solve(eye, self, upper)
