@@ -161,3 +161,93 @@ def test_cholesky_solve_and_inverse(mode, no_fallback, upper):
 def test_linalg_cholesky_of_batches(mode, no_fallback):
     a = spd(3, 4, 4)
     torch.testing.assert_close(on_tpu(torch.linalg.cholesky, a), torch.linalg.cholesky(a), **TOL)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (3, 4, 6), (2, 7, 4), (1, 1)])
+def test_lu_factor_ex(mode, no_fallback, shape):
+    a = torch.randn(*shape)
+    want = torch.linalg.lu_factor_ex(a)
+    got = on_tpu(torch.linalg.lu_factor_ex, a)
+    assert torch.equal(got.pivots, want.pivots) and got.pivots.dtype == torch.int32
+    assert torch.equal(got.info, want.info)
+    torch.testing.assert_close(got.LU, want.LU, **TOL)
+
+
+def test_lu_pivot_ties_take_the_first_row(nan_mode, no_fallback):
+    a = torch.tensor([[1.0, 2.0, 0.0], [-3.0, 1.0, 1.0], [3.0, 0.0, 2.0]])  # |-3| == |3|
+    want = torch.linalg.lu_factor_ex(a)
+    got = on_tpu(torch.linalg.lu_factor_ex, a)
+    assert torch.equal(got.pivots, want.pivots)
+    torch.testing.assert_close(got.LU, want.LU, **TOL)
+
+
+def test_lu_singular_info(nan_mode, no_fallback):
+    a = torch.tensor([[[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 1.0, 1.0]],
+                      [[0.0, 1.0, 2.0], [0.0, 3.0, 4.0], [0.0, 5.0, 6.0]]])
+    want = torch.linalg.lu_factor_ex(a)
+    got = on_tpu(torch.linalg.lu_factor_ex, a)
+    assert torch.equal(got.info, want.info) and torch.equal(got.pivots, want.pivots), (got, want)
+    torch.testing.assert_close(got.LU, want.LU, **TOL)
+
+
+def test_lu_empty(nan_mode, no_fallback):
+    for shape in [(0, 0), (2, 0, 3), (0, 3, 3), (3, 0)]:
+        want = torch.linalg.lu_factor_ex(torch.randn(shape))
+        got = on_tpu(torch.linalg.lu_factor_ex, torch.randn(shape))
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (3, 4, 6), (2, 6, 4)])
+def test_linalg_lu_and_unpack(mode, no_fallback, shape):
+    a = torch.randn(*shape)
+    want = torch.linalg.lu(a)
+    got = on_tpu(torch.linalg.lu, a)
+    assert torch.equal(got.P, want.P)
+    torch.testing.assert_close(got.L, want.L, **TOL)
+    torch.testing.assert_close(got.U, want.U, **TOL)
+    lu, piv = torch.linalg.lu_factor(a)
+    for g, w in zip(on_tpu(torch.lu_unpack, lu, piv), torch.lu_unpack(lu, piv)):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_lu_solve(nan_mode, no_fallback, left, adjoint):
+    lu, piv = torch.linalg.lu_factor(torch.randn(2, 1, 4, 4) + 3 * torch.eye(4))
+    b = torch.randn(3, 4, 2) if left else torch.randn(3, 2, 4)
+    want = torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint)
+    torch.testing.assert_close(on_tpu(torch.linalg.lu_solve, lu, piv, b, left=left, adjoint=adjoint), want, **TOL)
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_solve_and_inverse(mode, no_fallback, left):
+    a = torch.randn(2, 5, 5) + 3 * torch.eye(5)
+    rhs = [torch.randn(2, 5, 3), torch.randn(2, 5), torch.randn(5)] if left else [torch.randn(2, 3, 5)]
+    for b in rhs:
+        want = torch.linalg.solve_ex(a, b, left=left)
+        got = on_tpu(torch.linalg.solve_ex, a, b, left=left)
+        torch.testing.assert_close(got.result, want.result, **TOL)
+        assert torch.equal(got.info, want.info)
+    want = torch.linalg.inv_ex(a)
+    got = on_tpu(torch.linalg.inv_ex, a)
+    torch.testing.assert_close(got.inverse, want.inverse, **TOL)
+    assert torch.equal(got.info, want.info)
+    torch.testing.assert_close(on_tpu(torch.linalg.solve, a, torch.ones(5)), torch.linalg.solve(a, torch.ones(5)), **TOL)
+
+
+
+def test_singular_solve_reports_info(nan_mode, no_fallback):
+    a = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+    want = torch.linalg.inv_ex(a)
+    got = on_tpu(torch.linalg.inv_ex, a)
+    assert torch.equal(got.info, want.info) and int(got.info) > 0
+
+
+def test_errors_stay_pytorchs():
+    """Arguments PyTorch rejects go to the CPU, which raises its own error."""
+    a = torch.randn(5, 5)
+    with pytest.raises(RuntimeError):
+        torch.linalg.solve(a.to("tpu"), torch.ones(5).to("tpu"), left=False)
+    with pytest.raises(RuntimeError):
+        torch.linalg.solve_triangular(a.to("tpu"), torch.ones(4, 2).to("tpu"), upper=True)

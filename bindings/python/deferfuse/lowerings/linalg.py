@@ -243,3 +243,208 @@ def cholesky_inverse(self: ET, upper: bool = False) -> ET:
         return _zeros(list(self.shape))
     eye = _eye(n).where_(1.0, 0.0).cast("f32").expand(list(self.shape))
     return _cholesky_solve(eye, self, upper)
+
+
+# ---- LU with partial pivoting ------------------------------------------------------
+
+
+def _swap_rows(x: ET, i: int, other: ET) -> ET:
+    """Rows i and `other` ([..., 1, 1] i64, per batch) of x swapped, with
+    `where` masks (a row is picked by a masked sum: the engine has no gather)."""
+    rows = eng().arange(0, x.shape[-2], 1, "i64").reshape([x.shape[-2], 1])
+    at_other = rows.binary("eq", other)  # [..., m, 1]
+    row_i = _row(x, i)
+    row_other = _keep(x, at_other).reduce("sum", [-2], True)
+    return rows.binary("eq", i).where_(row_other, at_other.where_(row_i, x))
+
+
+def _lu_factor(a: ET) -> tuple[ET, ET, ET]:
+    """getrf: LU (L unit lower below the diagonal, U on and above it),
+    1-based int32 pivots and info for [..., m, n], right-looking.
+
+    At step j the pivot is the first row at or below j with the largest
+    |value| in column j (LAPACK's i?amax and the engine's argmax both take the
+    first of ties), the whole rows j and pivot are swapped, the column below
+    the diagonal is divided by the pivot and the trailing block gets the
+    rank-1 update. A zero pivot leaves its column unscaled (it is all zeros)
+    and sets info to the first such step, as getrf does."""
+    m, n = a.shape[-2], a.shape[-1]
+    batch = list(a.shape[:-2])
+    rows = eng().arange(0, m, 1, "i64").reshape([m, 1])
+    cols = eng().arange(0, n, 1, "i64")
+    s = a
+    info = _int_full(0, batch + [1, 1])
+    pivots = []
+    for j in range(min(m, n)):
+        size = _keep(_col(s, j).unary("abs"), rows.binary("ge", j))
+        size = rows.binary("ge", j).where_(size, -1.0)  # rows above j never win
+        p = size.arg_reduce("argmax", -2, True)  # [..., 1, 1] i64
+        pivots.append(p)
+        s = _swap_rows(s, j, p)
+        pivot = _row(_col(s, j), j)
+        nonzero = pivot.binary("ne", 0.0)
+        info = nonzero.unary("logical_not").binary("logical_and", info.binary("eq", 0)).where_(
+            _int_full(j + 1, []), info)
+        below = rows.binary("gt", j)
+        l = _keep(nonzero.where_(_col(s, j).binary("div", nonzero.where_(pivot, 1.0)), _col(s, j)), below)
+        u = _keep(_row(s, j), cols.binary("gt", j))
+        s = s.binary("sub", l.binary("mul", u))
+        s = below.binary("logical_and", cols.binary("eq", j)).where_(l, s)
+    if pivots:
+        piv = (eng().cat(pivots, -1) if len(pivots) > 1 else pivots[0]).reshape(batch + [len(pivots)])
+        piv = piv.binary("add", 1).cast("i32")
+    else:
+        piv = _int_full(0, batch + [0])
+    return s, piv, info.reshape(batch)
+
+
+def _lu_factor_checked(a: ET) -> tuple[ET, ET, ET]:
+    _check(a)
+    m, n = a.shape[-2], a.shape[-1]
+    if max(m, n) > MAX_N:
+        raise Unsupported(f"a matrix larger than {MAX_N} (unrolled traces grow with n)")
+    batch = list(a.shape[:-2])
+    if math.prod(a.shape) == 0:
+        # PyTorch's pivots for an empty factorization: 1, 2, ... (no swaps).
+        k = min(m, n)
+        piv = eng().arange(1, k + 1, 1, "i64").cast("i32") if k else _int_full(0, [0])
+        return _zeros(list(a.shape)), piv.expand(batch + [k]), _int_full(0, batch)
+    return _lu_factor(a)
+
+
+@lower("linalg_lu_factor_ex.default")
+def linalg_lu_factor_ex(A: ET, *, pivot: bool = True, check_errors: bool = False) -> tuple[ET, ET, ET]:
+    if not pivot or check_errors:
+        raise Unsupported("LU without pivoting (PyTorch's CPU refuses it) or check_errors")
+    return _lu_factor_checked(A)
+
+
+def _apply_pivots(b: ET, piv: ET, reverse: bool) -> ET:
+    """P^T B (the swaps in order) or P B (reversed) for getrf pivots [..., k]."""
+    k = piv.shape[-1]
+    order = range(k - 1, -1, -1) if reverse else range(k)
+    target = piv.cast("i64").binary("sub", 1)
+    for i in order:
+        b = _swap_rows(b, i, target.slice(-1, i, i + 1, 1).reshape(list(piv.shape[:-1]) + [1, 1]))
+    return b
+
+
+def _lu_solve_left(lu: ET, piv: ET, b: ET, adjoint: bool) -> ET:
+    """A X = B (or A^T X = B) for A = P L U with matching batch shapes."""
+    if not adjoint:
+        y = _trsm_left(lu, _apply_pivots(b, piv, False), False, True)
+        return _trsm_left(lu, y, True, False)
+    lu_t = _mT(lu)  # U^T is lower (non-unit), L^T upper (unit)
+    z = _trsm_left(lu_t, b, False, False)
+    w = _trsm_left(lu_t, z, True, True)
+    return _apply_pivots(w, piv, True)
+
+
+def _lu_solve(lu: ET, piv: ET, b: ET, left: bool, adjoint: bool) -> ET:
+    _check(lu, b)
+    n = _order(lu)
+    if piv.dtype != "i32" or list(piv.shape[-1:]) != [n] or b.shape[-2 if left else -1] != n:
+        raise Unsupported("pivots or right-hand side of another shape or dtype (PyTorch raises)")
+    batch = _broadcast(_broadcast(list(lu.shape[:-2]), list(piv.shape[:-1])), list(b.shape[:-2]))
+    out_shape = batch + list(b.shape[-2:])
+    if math.prod(out_shape) == 0 or n == 0:
+        return _zeros(out_shape)
+    lu, b = _expand_batch(lu, batch), _expand_batch(b, batch)
+    piv = piv.expand(batch + [n])
+    if left:
+        return _lu_solve_left(lu, piv, b, adjoint)
+    # X A = B <=> A^T X^T = B^T; X A^T = B <=> A X^T = B^T.
+    return _mT(_lu_solve_left(lu, piv, _mT(b), not adjoint))
+
+
+@lower("linalg_lu_solve.default")
+def linalg_lu_solve(LU: ET, pivots: ET, B: ET, *, left: bool = True, adjoint: bool = False) -> ET:
+    return _lu_solve(LU, pivots, B, left, adjoint)
+
+
+def _unpack_pivots(piv: ET, m: int) -> ET:
+    """P ([..., m, m], f32) with A = P L U: the row order the swaps make,
+    as a one-hot matrix (P[r, c] = 1 where original row r went to place c)."""
+    batch = list(piv.shape[:-1])
+    order = eng().arange(0, m, 1, "f32").reshape([m, 1]).expand(batch + [m, 1])
+    order = _apply_pivots(order, piv, False).reshape(batch + [1, m])
+    return order.binary("eq", eng().arange(0, m, 1, "f32").reshape([m, 1])).cast("f32")
+
+
+def _unpack_data(lu: ET) -> tuple[ET, ET]:
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    l = _keep(lu, _tri(max(m, n), False, False).slice(0, 0, m, 1).slice(1, 0, n, 1)).slice(-1, 0, k, 1)
+    eye = _eye(max(m, n)).slice(0, 0, m, 1).slice(1, 0, k, 1)
+    l = eye.where_(1.0, l)
+    u = _keep(lu, _tri(max(m, n), True, True).slice(0, 0, m, 1).slice(1, 0, n, 1)).slice(-2, 0, k, 1)
+    return l, u
+
+
+@lower("lu_unpack.default")
+def lu_unpack(LU_data: ET, LU_pivots: ET, unpack_data: bool = True, unpack_pivots: bool = True) -> tuple[ET, ET, ET]:
+    _check(LU_data)
+    m, n = LU_data.shape[-2], LU_data.shape[-1]
+    if not (unpack_data and unpack_pivots) or max(m, n) > MAX_N or LU_pivots.dtype != "i32":
+        raise Unsupported("partial unpacking, a large matrix or non-int32 pivots")
+    if list(LU_pivots.shape) != list(LU_data.shape[:-2]) + [min(m, n)]:
+        raise Unsupported("pivots of another shape (PyTorch raises)")
+    batch = list(LU_data.shape[:-2])
+    k = min(m, n)
+    if math.prod(LU_data.shape) == 0:
+        # No swaps were recorded: P is the identity (or itself empty).
+        p = _eye(m).where_(1.0, 0.0).cast("f32").expand(batch + [m, m]) if m * math.prod(batch) else _zeros(batch + [m, m])
+        return p, _zeros(batch + [m, k]), _zeros(batch + [k, n])
+    l, u = _unpack_data(LU_data)
+    return _unpack_pivots(LU_pivots, m), l, u
+
+
+@lower("linalg_lu.default")
+def linalg_lu(A: ET, *, pivot: bool = True) -> tuple[ET, ET, ET]:
+    if not pivot:
+        raise Unsupported("LU without pivoting (PyTorch's CPU refuses it)")
+    lu, piv, _ = _lu_factor_checked(A)
+    return lu_unpack(lu, piv)
+
+
+# ---- solve, inverse --------------------------------------------------------------
+
+
+def _is_vector_rhs(a: ET, b: ET) -> bool:
+    """PyTorch's rule: B is a batch of vectors when it is 1-D or has exactly
+    A's shape without the last dimension."""
+    return len(b.shape) == 1 or (len(b.shape) == len(a.shape) - 1 and list(b.shape) == list(a.shape[:-1]))
+
+
+@lower("_linalg_solve_ex.default")
+def linalg_solve_ex(A: ET, B: ET, *, left: bool = True, check_errors: bool = False) -> tuple[ET, ET, ET, ET]:
+    """As PyTorch does for a contiguous A (and the CPU fallback always sees
+    one): LU of A^T, then the adjoint LU solve."""
+    if check_errors:
+        raise Unsupported("check_errors (raising needs info on the host)")
+    _check(A)
+    if not isinstance(B, ET) or B.dtype != "f32":
+        raise Unsupported("a right-hand side that is not float32")
+    vector = _is_vector_rhs(A, B)
+    if vector and not left:
+        raise Unsupported("a vector right-hand side with left=False (PyTorch raises)")
+    b = B.reshape(list(B.shape) + [1]) if vector else B
+    _check(b)
+    _order(A)
+    lu, piv, info = _lu_factor_checked(_mT(A))
+    x = _lu_solve(lu, piv, b, left, True)
+    if vector:
+        x = x.reshape(list(x.shape[:-1]))
+    return x, lu, piv, info
+
+
+@lower("linalg_inv_ex.default")
+def linalg_inv_ex(A: ET, *, check_errors: bool = False) -> tuple[ET, ET]:
+    """The solve with the identity, as PyTorch does."""
+    if check_errors:
+        raise Unsupported("check_errors (raising needs info on the host)")
+    _check(A)
+    n = _order(A)
+    eye = _eye(n).where_(1.0, 0.0).cast("f32") if n else _zeros([0, 0])
+    x, _, _, info = linalg_solve_ex(A, eye.expand(list(A.shape)))
+    return x, info
