@@ -251,3 +251,28 @@ def test_errors_stay_pytorchs():
         torch.linalg.solve(a.to("tpu"), torch.ones(5).to("tpu"), left=False)
     with pytest.raises(RuntimeError):
         torch.linalg.solve_triangular(a.to("tpu"), torch.ones(4, 2).to("tpu"), upper=True)
+
+
+def test_det_and_slogdet(mode, no_fallback):
+    a = torch.randn(3, 5, 5)
+    a[1] = a[1][[1, 0, 2, 3, 4]]  # flips the sign of one determinant
+    torch.testing.assert_close(on_tpu(torch.linalg.det, a), torch.linalg.det(a), **TOL)
+    got, want = on_tpu(torch.linalg.slogdet, a), torch.linalg.slogdet(a)
+    assert torch.equal(got.sign, want.sign)
+    torch.testing.assert_close(got.logabsdet, want.logabsdet, **TOL)
+    one = torch.tensor([[-2.5]])
+    assert torch.equal(on_tpu(torch.linalg.det, one), torch.linalg.det(one))
+
+
+def test_det_singular_and_empty(nan_mode, no_fallback):
+    singular = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])  # exactly: no rounding residue
+    zero = torch.zeros(3, 3)
+    for a in (singular, zero):
+        got, want = on_tpu(torch.linalg.slogdet, a), torch.linalg.slogdet(a)
+        assert torch.equal(got.sign, want.sign) and torch.equal(got.logabsdet, want.logabsdet), (got, want)
+        torch.testing.assert_close(on_tpu(torch.linalg.det, a), torch.linalg.det(a), **TOL)
+    for shape in [(0, 0), (2, 0, 0), (0, 3, 3)]:
+        a = torch.randn(shape)
+        assert torch.equal(on_tpu(torch.linalg.det, a), torch.linalg.det(a))
+        got, want = on_tpu(torch.linalg.slogdet, a), torch.linalg.slogdet(a)
+        assert torch.equal(got.sign, want.sign) and torch.equal(got.logabsdet, want.logabsdet)

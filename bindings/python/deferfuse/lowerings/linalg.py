@@ -448,3 +448,50 @@ def linalg_inv_ex(A: ET, *, check_errors: bool = False) -> tuple[ET, ET]:
     eye = _eye(n).where_(1.0, 0.0).cast("f32") if n else _zeros([0, 0])
     x, _, _, info = linalg_solve_ex(A, eye.expand(list(A.shape)))
     return x, info
+
+
+# ---- determinants ----------------------------------------------------------------
+
+
+def _lu_of_transpose(a: ET) -> tuple[ET, ET, ET, ET]:
+    """LU of A^T (as PyTorch factors a contiguous A for det and slogdet), its
+    pivots, U's diagonal [..., n] and the permutation's sign [...] (f32)."""
+    _check(a)
+    n = _order(a)
+    lu, piv, _ = _lu_factor_checked(_mT(a))
+    batch = list(a.shape[:-2])
+    diag = _keep(lu, _eye(n)).reduce("sum", [-1], False)
+    swaps = piv.binary("ne", eng().arange(1, n + 1, 1, "i32")).cast("f32").reduce("sum", [-1], False)
+    odd = swaps.binary("sub", swaps.binary("mul", 0.5).unary("floor").binary("mul", 2.0))
+    sign = odd.binary("mul", -2.0).binary("add", 1.0)
+    return lu, piv, diag, sign.reshape(batch)
+
+
+def _empty_det(a: ET) -> bool:
+    return math.prod(a.shape) == 0
+
+
+@lower("_linalg_det.default")
+def linalg_det(A: ET) -> tuple[ET, ET, ET]:
+    _check(A)
+    n = _order(A)
+    batch = list(A.shape[:-2])
+    if _empty_det(A):
+        return eng().full(1.0, batch, "f32"), _zeros(list(A.shape)), _int_full(0, batch + [n])
+    lu, piv, diag, sign = _lu_of_transpose(A)
+    return diag.reduce("prod", [-1], False).binary("mul", sign), lu, piv
+
+
+@lower("_linalg_slogdet.default")
+def linalg_slogdet(A: ET) -> tuple[ET, ET, ET, ET]:
+    """sign(det) and log|det| from U's diagonal: a zero on it gives sign 0
+    and -inf, as in PyTorch."""
+    _check(A)
+    n = _order(A)
+    batch = list(A.shape[:-2])
+    if _empty_det(A):
+        return (eng().full(1.0, batch, "f32"), _zeros(batch), _zeros(list(A.shape)), _int_full(0, batch + [n]))
+    lu, piv, diag, sign = _lu_of_transpose(A)
+    sgn = diag.unary("sign").reduce("prod", [-1], False).binary("mul", sign)
+    logabs = diag.unary("abs").unary("log").reduce("sum", [-1], False)
+    return sgn, logabs, lu, piv
