@@ -276,3 +276,45 @@ def test_det_singular_and_empty(nan_mode, no_fallback):
         assert torch.equal(on_tpu(torch.linalg.det, a), torch.linalg.det(a))
         got, want = on_tpu(torch.linalg.slogdet, a), torch.linalg.slogdet(a)
         assert torch.equal(got.sign, want.sign) and torch.equal(got.logabsdet, want.logabsdet)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (2, 6, 3), (3, 4), (1, 1)])
+def test_geqrf_and_qr(mode, no_fallback, shape):
+    a = torch.randn(*shape)
+    got, want = on_tpu(torch.geqrf, a), torch.geqrf(a)
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    torch.testing.assert_close(got[1], want[1], **TOL)
+    for qr_mode in ("reduced", "complete", "r"):
+        got, want = on_tpu(torch.linalg.qr, a, mode=qr_mode), torch.linalg.qr(a, mode=qr_mode)
+        assert got.Q.shape == want.Q.shape
+        torch.testing.assert_close(got.Q, want.Q, **TOL)
+        torch.testing.assert_close(got.R, want.R, **TOL)
+
+
+def test_qr_of_a_zero_column_keeps_tau_zero(nan_mode, no_fallback):
+    a = torch.tensor([[2.0, 1.0], [0.0, 3.0], [0.0, -1.0]])  # the first column is already e_0 * 2
+    got, want = on_tpu(torch.geqrf, a), torch.geqrf(a)
+    assert torch.equal(got[1][0], want[1][0])
+    torch.testing.assert_close(got[0], want[0], **TOL)
+    z = torch.zeros(3, 3)
+    for g, w in zip(on_tpu(torch.linalg.qr, z), torch.linalg.qr(z)):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_ormqr_and_householder_product(nan_mode, no_fallback, left, transpose):
+    a, tau = torch.geqrf(torch.randn(2, 5, 3))
+    c = torch.randn(2, 5, 4) if left else torch.randn(2, 4, 5)
+    torch.testing.assert_close(on_tpu(torch.ormqr, a, tau, c, left=left, transpose=transpose),
+                               torch.ormqr(a, tau, c, left=left, transpose=transpose), **TOL)
+    torch.testing.assert_close(on_tpu(torch.linalg.householder_product, a, tau),
+                               torch.linalg.householder_product(a, tau), **TOL)
+
+
+def test_qr_empty(nan_mode, no_fallback):
+    for shape in [(0, 0), (3, 0), (0, 3), (2, 0, 4), (0, 3, 2)]:
+        a = torch.randn(shape)
+        for qr_mode in ("reduced", "complete", "r"):
+            for g, w in zip(on_tpu(torch.linalg.qr, a, mode=qr_mode), torch.linalg.qr(a, mode=qr_mode)):
+                assert torch.equal(g, w), (shape, qr_mode)

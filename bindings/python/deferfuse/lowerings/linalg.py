@@ -1,4 +1,5 @@
-"""Dense linear-algebra solvers unrolled into engine ops.
+"""Dense linear algebra unrolled into engine ops: triangular solves,
+Cholesky, LU (solve, inverse, determinants) and Householder QR.
 
 The engine has no LAPACK: as XLA's expanders do, each factorization or solve
 is written as its textbook loop over the n rows or columns of the matrix, each
@@ -495,3 +496,143 @@ def linalg_slogdet(A: ET) -> tuple[ET, ET, ET, ET]:
     sgn = diag.unary("sign").reduce("prod", [-1], False).binary("mul", sign)
     logabs = diag.unary("abs").unary("log").reduce("sum", [-1], False)
     return sgn, logabs, lu, piv
+
+
+# ---- QR (Householder) ------------------------------------------------------------
+
+
+def _reflector(s: ET, j: int, rows: ET) -> tuple[ET, ET, ET]:
+    """LAPACK's larfg on column j of s below row j: beta (the new diagonal),
+    tau and v ([..., m, 1]: 1 at row j, the scaled tail below, 0 above), so
+    that (I - tau v v^T) maps the column to beta e_j. A zero tail gives
+    tau = 0 (H = I), as larfg does; no division by zero is taken."""
+    col = _col(s, j)
+    alpha = _row(col, j)
+    tail = _keep(col, rows.binary("gt", j))
+    xnorm = tail.binary("mul", tail).reduce("sum", [-2], True).unary("sqrt")
+    plain = xnorm.binary("eq", 0.0)
+    size = alpha.binary("mul", alpha).binary("add", xnorm.binary("mul", xnorm)).unary("sqrt")
+    beta = alpha.binary("ge", 0.0).where_(size.unary("neg"), size)  # -sign(alpha) |(alpha, x)|
+    beta = plain.where_(alpha, beta)
+    safe_beta = plain.where_(1.0, beta)
+    tau = plain.where_(0.0, beta.binary("sub", alpha).binary("div", safe_beta))
+    scale = plain.where_(1.0, alpha.binary("sub", beta))
+    v = rows.binary("eq", j).where_(1.0, tail.binary("div", scale))
+    return beta, tau, v
+
+
+def _geqrf(a: ET) -> tuple[ET, ET]:
+    """geqr2: one Householder reflector per column; R on and above the
+    diagonal, the reflectors' tails below it, and tau [..., k]."""
+    m, n = a.shape[-2], a.shape[-1]
+    rows = eng().arange(0, m, 1, "i64").reshape([m, 1])
+    cols = eng().arange(0, n, 1, "i64")
+    s = a
+    taus = []
+    for j in range(min(m, n)):
+        beta, tau, v = _reflector(s, j, rows)
+        w = _mT(v).matmul(s)  # v^T S, [..., 1, n]
+        s = s.binary("sub", _keep(tau.binary("mul", v).binary("mul", w), cols.binary("gt", j)))
+        here = cols.binary("eq", j)
+        s = here.binary("logical_and", rows.binary("eq", j)).where_(beta, s)
+        s = here.binary("logical_and", rows.binary("gt", j)).where_(v, s)
+        taus.append(tau)
+    tau = eng().cat(taus, -1) if len(taus) > 1 else taus[0]
+    return s, tau.reshape(list(a.shape[:-2]) + [len(taus)])
+
+
+def _check_qr_size(*dims_: int) -> None:
+    if max(dims_) > MAX_N:
+        raise Unsupported(f"a matrix larger than {MAX_N} (unrolled traces grow with n)")
+
+
+@lower("geqrf.default")
+def geqrf(self: ET) -> tuple[ET, ET]:
+    _check(self)
+    m, n = self.shape[-2], self.shape[-1]
+    _check_qr_size(m, n)
+    if math.prod(self.shape) == 0:
+        return _zeros(list(self.shape)), _zeros(list(self.shape[:-2]) + [min(m, n)])
+    return _geqrf(self)
+
+
+def _householder_vector(a: ET, tau: ET, i: int) -> tuple[ET, ET]:
+    """v_i ([..., m, 1]) from column i of geqrf's output, and tau_i [..., 1, 1]."""
+    m = a.shape[-2]
+    rows = eng().arange(0, m, 1, "i64").reshape([m, 1])
+    v = rows.binary("eq", i).where_(1.0, _keep(_col(a, i), rows.binary("gt", i)))
+    t = tau.slice(-1, i, i + 1, 1).reshape(list(tau.shape[:-1]) + [1, 1])
+    return v, t
+
+
+def _apply_reflectors(a: ET, tau: ET, c: ET, left: bool, transpose: bool) -> ET:
+    """Q C, Q^T C, C Q or C Q^T for Q = H_0 H_1 ... H_{k-1}, H_i = I - tau_i v_i v_i^T."""
+    k = tau.shape[-1]
+    forward = left == transpose  # Q^T C and C Q apply H_0 first
+    for i in (range(k) if forward else range(k - 1, -1, -1)):
+        v, t = _householder_vector(a, tau, i)
+        if left:
+            c = c.binary("sub", t.binary("mul", v).binary("mul", _mT(v).matmul(c)))
+        else:
+            c = c.binary("sub", t.binary("mul", c.matmul(v)).binary("mul", _mT(v)))
+    return c
+
+
+def _eye_rect(m: int, n: int, batch: list[int]) -> ET:
+    if m * n == 0:
+        return _zeros(batch + [m, n])
+    eye = _eye(max(m, n)).slice(0, 0, m, 1).slice(1, 0, n, 1)
+    return eye.where_(1.0, 0.0).cast("f32").expand(batch + [m, n])
+
+
+@lower("linalg_householder_product.default")
+def householder_product(input: ET, tau: ET) -> ET:
+    """orgqr: the first n columns of H_0 ... H_{k-1}."""
+    _check(input)
+    m, n = input.shape[-2], input.shape[-1]
+    if not isinstance(tau, ET) or tau.dtype != "f32" or list(tau.shape[:-1]) != list(input.shape[:-2]) \
+            or not (m >= n >= tau.shape[-1]):
+        raise Unsupported("householder_product arguments PyTorch rejects")
+    _check_qr_size(m, n)
+    batch = list(input.shape[:-2])
+    if math.prod(input.shape) == 0 or tau.shape[-1] == 0:
+        return _eye_rect(m, n, batch)
+    return _apply_reflectors(input, tau, _eye_rect(m, n, batch), True, False)
+
+
+@lower("ormqr.default")
+def ormqr(self: ET, input2: ET, input3: ET, left: bool = True, transpose: bool = False) -> ET:
+    _check(self, input3)
+    tau, c = input2, input3
+    m = self.shape[-2]
+    batch = list(self.shape[:-2])
+    if not isinstance(tau, ET) or tau.dtype != "f32" or list(tau.shape[:-1]) != batch \
+            or list(c.shape[:-2]) != batch or c.shape[-2 if left else -1] != m \
+            or tau.shape[-1] > self.shape[-1] or tau.shape[-1] > m:
+        raise Unsupported("ormqr arguments PyTorch rejects")
+    _check_qr_size(*self.shape[-2:], *c.shape[-2:])
+    if math.prod(c.shape) == 0 or tau.shape[-1] == 0:
+        return c if math.prod(c.shape) else _zeros(list(c.shape))
+    return _apply_reflectors(self, tau, c, left, transpose)
+
+
+@lower("linalg_qr.default")
+def linalg_qr(A: ET, mode: str = "reduced") -> tuple[ET, ET]:
+    """geqrf, then Q formed from the reflectors (orgqr), as PyTorch does."""
+    _check(A)
+    if mode not in ("reduced", "complete", "r"):
+        raise Unsupported(f"qr mode {mode!r} (PyTorch raises)")
+    m, n = A.shape[-2], A.shape[-1]
+    _check_qr_size(m, n)
+    k = min(m, n)
+    batch = list(A.shape[:-2])
+    a, tau = geqrf(A)
+    q_cols = m if mode == "complete" else k
+    r_rows = m if mode == "complete" else k
+    r = _keep(a, _tri(max(m, n), True, True).slice(0, 0, m, 1).slice(1, 0, n, 1)) if m * n else a
+    r = r.slice(-2, 0, r_rows, 1) if r_rows < m else r
+    if mode == "r":
+        return _zeros([0]), r
+    if math.prod(A.shape) == 0:
+        return _eye_rect(m, q_cols, batch), r
+    return _apply_reflectors(a, tau, _eye_rect(m, q_cols, batch), True, False), r
