@@ -318,3 +318,44 @@ def test_qr_empty(nan_mode, no_fallback):
         for qr_mode in ("reduced", "complete", "r"):
             for g, w in zip(on_tpu(torch.linalg.qr, a, mode=qr_mode), torch.linalg.qr(a, mode=qr_mode)):
                 assert torch.equal(g, w), (shape, qr_mode)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (3, 8), (64, 8), (2, 6, 3), (1, 1), (4, 1)])
+def test_svdvals(mode, no_fallback, shape):
+    a = torch.randn(*shape)
+    torch.testing.assert_close(on_tpu(torch.linalg.svdvals, a), torch.linalg.svdvals(a), **TOL)
+
+
+def test_svdvals_ties_rank_deficiency_and_scale(nan_mode, no_fallback):
+    cases = [torch.linalg.qr(torch.randn(6, 6)).Q,  # all singular values 1
+             torch.randn(6, 2) @ torch.randn(2, 6),  # four zeros
+             torch.diag(torch.tensor([1e3, 1.0, 1e-3, 1e-5, 3.0, 3.0])),
+             torch.randn(7, 7) @ torch.diag(torch.logspace(0, -6, 7)),
+             torch.zeros(3, 4)]
+    for a in cases:
+        torch.testing.assert_close(on_tpu(torch.linalg.svdvals, a), torch.linalg.svdvals(a), **TOL)
+    for shape in [(0, 3), (2, 0, 4), (0, 0)]:
+        a = torch.randn(shape)
+        assert torch.equal(on_tpu(torch.linalg.svdvals, a), torch.linalg.svdvals(a))
+
+
+def test_matrix_norms_and_cond(mode, no_fallback):
+    a = torch.randn(2, 4, 3)
+    for ord in ("nuc", 2, -2):
+        torch.testing.assert_close(on_tpu(torch.linalg.matrix_norm, a, ord=ord), torch.linalg.matrix_norm(a, ord=ord), **TOL)
+    sq = torch.randn(2, 4, 4) + 3 * torch.eye(4)
+    for p in (None, 1, float("inf"), "fro"):
+        torch.testing.assert_close(on_tpu(torch.linalg.cond, sq, p), torch.linalg.cond(sq, p), **TOL)
+
+
+def test_svd_stays_pytorchs_where_it_must():
+    """Singular vectors (sign is LAPACK's choice) and non-finite input
+    (PyTorch raises) go to the CPU."""
+    a = torch.randn(4, 4)
+    before = deferfuse.fallback_counts()
+    u, s, vh = torch.linalg.svd(a.to("tpu"))
+    assert (deferfuse.fallback_counts() - before)["aten::_linalg_svd"] == 1
+    assert torch.equal(u.cpu(), torch.linalg.svd(a).U)
+    a[1, 2] = float("nan")
+    with pytest.raises(RuntimeError):
+        torch.linalg.svdvals(a.to("tpu"))

@@ -636,3 +636,86 @@ def linalg_qr(A: ET, mode: str = "reduced") -> tuple[ET, ET]:
     if math.prod(A.shape) == 0:
         return _eye_rect(m, q_cols, batch), r
     return _apply_reflectors(a, tau, _eye_rect(m, q_cols, batch), True, False), r
+
+
+# ---- singular values (one-sided Jacobi) --------------------------------------------
+
+#: svdvals runs JACOBI_SWEEPS sweeps over all column pairs: the trace has
+#: sweeps * k(k-1)/2 rotations, so k = min(m, n) is kept small.
+MAX_SVD_K = 8
+JACOBI_SWEEPS = 10
+
+
+def _rotate(cp: ET, cq: ET) -> tuple[ET, ET]:
+    """One Hestenes rotation making columns p and q orthogonal. Pairs that
+    are already orthogonal to working precision are left alone (which also
+    keeps zeta finite)."""
+    alpha = cp.binary("mul", cp).reduce("sum", [-2], True)
+    beta = cq.binary("mul", cq).reduce("sum", [-2], True)
+    gamma = cp.binary("mul", cq).reduce("sum", [-2], True)
+    skip = gamma.unary("abs").binary("le", alpha.binary("mul", beta).unary("sqrt").binary("mul", 1e-9))
+    two_gamma = skip.where_(1.0, gamma.binary("mul", 2.0))
+    zeta = skip.where_(0.0, beta.binary("sub", alpha).binary("div", two_gamma))
+    sign = zeta.binary("ge", 0.0).where_(1.0, -1.0)
+    t = sign.binary("div", zeta.unary("abs").binary("add", zeta.binary("mul", zeta).binary("add", 1.0).unary("sqrt")))
+    t = skip.where_(0.0, t)
+    c = t.binary("mul", t).binary("add", 1.0).unary("rsqrt")
+    s = c.binary("mul", t)
+    return c.binary("mul", cp).binary("sub", s.binary("mul", cq)), s.binary("mul", cp).binary("add", c.binary("mul", cq))
+
+
+def _descending(values: ET) -> ET:
+    """values [..., k] sorted from largest to smallest: each value's rank is
+    the count of larger ones (earlier ones on ties), then a one-hot sum."""
+    k = values.shape[-1]
+    col = values.reshape(list(values.shape) + [1])  # [..., k, 1]: value i
+    row = values.reshape(list(values.shape[:-1]) + [1, k])  # [..., 1, k]: value j
+    idx = eng().arange(0, k, 1, "i64")
+    earlier = idx.binary("lt", idx.reshape([k, 1]))  # [i, j]: j < i
+    ahead = row.binary("gt", col).binary("logical_or", row.binary("eq", col).binary("logical_and", earlier))
+    rank = ahead.cast("f32").reduce("sum", [-1], False)  # [..., k]
+    picked = rank.reshape(list(rank.shape) + [1]).binary("eq", eng().arange(0, k, 1, "f32"))  # [..., i, r]
+    return _keep(col.expand(list(values.shape) + [k]), picked).reduce("sum", [-2], False)
+
+
+def _all_finite(a: ET) -> bool:
+    """Reads one bool back to the host, as PyTorch's own check does."""
+    from .._handles import to_cpu_value
+
+    finite = a.binary("eq", a).binary("logical_and", a.unary("abs").binary("lt", float("inf")))
+    return bool(to_cpu_value(finite.cast("i32").reduce("min", list(range(len(a.shape))), False)).item())
+
+
+@lower("_linalg_svd.default")
+def linalg_svd(A: ET, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None) -> tuple[ET, ET, ET]:
+    """Singular values only (compute_uv=False, as svdvals, matrix norms and
+    cond ask): singular vectors are unique only up to sign, and LAPACK's
+    signs cannot be reproduced, so those stay on the CPU. PyTorch raises for
+    non-finite input; one bool is read back to the host to send that case to
+    the CPU too (PyTorch's own CUDA kernels synchronize for it likewise)."""
+    if compute_uv or driver is not None:
+        raise Unsupported("singular vectors (their signs are LAPACK's choice)")
+    _check(A)
+    m, n = A.shape[-2], A.shape[-1]
+    k = min(m, n)
+    batch = list(A.shape[:-2])
+    if k > MAX_SVD_K or max(m, n) > MAX_N:
+        raise Unsupported(f"svdvals of more than {MAX_SVD_K} singular values")
+    empty = _zeros([0])
+    if math.prod(A.shape) == 0:
+        return empty, _zeros(batch + [k]), empty
+    if not _all_finite(A):
+        raise Unsupported("non-finite input (PyTorch raises)")
+    a = A if m >= n else _mT(A)  # k columns to orthogonalize
+    columns = [_col(a, j) for j in range(k)]
+    for _ in range(JACOBI_SWEEPS if k > 1 else 0):
+        for p in range(k):
+            for q in range(p + 1, k):
+                columns[p], columns[q] = _rotate(columns[p], columns[q])
+        # Run each sweep before tracing the next: DeferAndFuse's compile time
+        # grows faster than the trace, and every sweep after the first has
+        # the same shape of graph, so it is compiled once and reused.
+        eng().sync()
+    norms = [c.binary("mul", c).reduce("sum", [-2], False).unary("sqrt") for c in columns]  # [..., 1] each
+    values = eng().cat(norms, -1) if k > 1 else norms[0]
+    return empty, _descending(values), empty
