@@ -359,3 +359,20 @@ def test_svd_stays_pytorchs_where_it_must():
     a[1, 2] = float("nan")
     with pytest.raises(RuntimeError):
         torch.linalg.svdvals(a.to("tpu"))
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+def test_eigvalsh(mode, no_fallback, uplo):
+    x = torch.randn(2, 6, 6)
+    a = x + x.mT
+    a = a + torch.randn(6, 6).triu(1) * 50 if uplo == "L" else a + torch.randn(6, 6).tril(-1) * 50  # unread triangle
+    torch.testing.assert_close(on_tpu(torch.linalg.eigvalsh, a, UPLO=uplo), torch.linalg.eigvalsh(a, UPLO=uplo), **TOL)
+
+
+def test_eigvalsh_ties_and_empty(nan_mode, no_fallback):
+    q = torch.linalg.qr(torch.randn(5, 5)).Q
+    a = q @ torch.diag(torch.tensor([2.0, 2.0, -1.0, 0.0, 2.0])) @ q.T
+    torch.testing.assert_close(on_tpu(torch.linalg.eigvalsh, a), torch.linalg.eigvalsh(a), **TOL)
+    for shape in [(0, 0), (2, 0, 0), (0, 3, 3)]:
+        a = torch.randn(shape)
+        assert torch.equal(on_tpu(torch.linalg.eigvalsh, a), torch.linalg.eigvalsh(a))

@@ -719,3 +719,66 @@ def linalg_svd(A: ET, full_matrices: bool = False, compute_uv: bool = True, *, d
     norms = [c.binary("mul", c).reduce("sum", [-2], False).unary("sqrt") for c in columns]  # [..., 1] each
     values = eng().cat(norms, -1) if k > 1 else norms[0]
     return empty, _descending(values), empty
+
+
+# ---- symmetric eigenvalues (cyclic Jacobi) -----------------------------------------
+
+
+def _symmetric_from(a: ET, upper: bool) -> ET:
+    """The symmetric matrix that A's `upper` (or lower) triangle describes."""
+    n = a.shape[-1]
+    part = _keep(a, _tri(n, upper, True))
+    strict = _keep(a, _tri(n, upper, False))
+    return part.binary("add", _mT(strict))
+
+
+def _jacobi_rotation(s: ET, p: int, q: int) -> ET:
+    """J^T S J with the plane rotation J that zeroes S_pq (skipped where S_pq
+    is already negligible next to the diagonal, which keeps zeta finite)."""
+    n = s.shape[-1]
+    app, aqq, apq = _row(_col(s, p), p), _row(_col(s, q), q), _row(_col(s, q), p)
+    skip = apq.unary("abs").binary("le", app.unary("abs").binary("add", aqq.unary("abs")).binary("mul", 1e-10))
+    skip = skip.binary("logical_or", apq.binary("eq", 0.0))
+    zeta = skip.where_(0.0, aqq.binary("sub", app).binary("div", skip.where_(1.0, apq.binary("mul", 2.0))))
+    sign = zeta.binary("ge", 0.0).where_(1.0, -1.0)
+    t = skip.where_(0.0, sign.binary("div", zeta.unary("abs").binary("add", zeta.binary("mul", zeta).binary("add", 1.0).unary("sqrt"))))
+    c = t.binary("mul", t).binary("add", 1.0).unary("rsqrt")
+    sn = c.binary("mul", t)
+    idx = eng().arange(0, n, 1, "i64")
+    r, k = idx.reshape([n, 1]), idx
+    eye = _eye(n)
+    # J: identity except J_pp = J_qq = c, J_pq = s, J_qp = -s.
+    on_pq = r.binary("eq", p).binary("logical_and", k.binary("eq", q))
+    on_qp = r.binary("eq", q).binary("logical_and", k.binary("eq", p))
+    diag_pq = eye.binary("logical_and", r.binary("eq", p).binary("logical_or", r.binary("eq", q)))
+    j = eye.where_(1.0, 0.0).cast("f32")
+    j = diag_pq.where_(c, j)
+    j = on_pq.where_(sn, j)
+    j = on_qp.where_(sn.unary("neg"), j)
+    return _mT(j).matmul(s).matmul(j)
+
+
+@lower("_linalg_eigh.default")
+def linalg_eigh(A: ET, UPLO: str = "L", compute_v: bool = True) -> tuple[ET, ET]:
+    """Eigenvalues only (compute_v=False, as eigvalsh asks), ascending:
+    eigenvectors are unique only up to sign, so those stay on the CPU. One
+    bool is read back to send non-finite input (PyTorch raises) to the CPU."""
+    if compute_v or UPLO not in ("L", "U"):
+        raise Unsupported("eigenvectors (their signs are LAPACK's choice)")
+    _check(A)
+    n = _order(A)
+    batch = list(A.shape[:-2])
+    if n > MAX_SVD_K:
+        raise Unsupported(f"eigvalsh of more than {MAX_SVD_K} eigenvalues")
+    if math.prod(A.shape) == 0:
+        return _zeros(batch + [n]), _zeros([0])
+    if not _all_finite(A):
+        raise Unsupported("non-finite input (PyTorch raises)")
+    s = _symmetric_from(A, UPLO == "U")
+    for _ in range(JACOBI_SWEEPS if n > 1 else 0):
+        for p in range(n):
+            for q in range(p + 1, n):
+                s = _jacobi_rotation(s, p, q)
+        eng().sync()  # one sweep per compiled graph, as in svdvals
+    diag = _keep(s, _eye(n)).reduce("sum", [-1], False)
+    return _descending(diag.unary("neg")).unary("neg"), _zeros([0])
