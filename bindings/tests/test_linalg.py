@@ -376,3 +376,27 @@ def test_eigvalsh_ties_and_empty(nan_mode, no_fallback):
     for shape in [(0, 0), (2, 0, 0), (0, 3, 3)]:
         a = torch.randn(shape)
         assert torch.equal(on_tpu(torch.linalg.eigvalsh, a), torch.linalg.eigvalsh(a))
+
+
+def test_ldl_factor_bunch_kaufman(mode, no_fallback):
+    """Batches whose elements take 1x1 and 2x2 pivots at different steps."""
+    for seed, n in [(2, 6), (4, 6), (7, 5), (9, 3), (11, 1)]:
+        torch.manual_seed(seed)
+        x = torch.randn(3, n, n)
+        a = x + x.mT + torch.randn(n, n).triu(1) * 10  # the upper triangle is not read
+        want = torch.linalg.ldl_factor_ex(a)
+        got = on_tpu(torch.linalg.ldl_factor_ex, a)
+        assert torch.equal(got.pivots, want.pivots) and torch.equal(got.info, want.info), (got.pivots, want.pivots)
+        torch.testing.assert_close(got.LD, want.LD, **TOL)
+
+
+def test_ldl_factor_zero_columns_and_empty(nan_mode, no_fallback):
+    a = torch.zeros(2, 4, 4)
+    a[1] = torch.diag(torch.tensor([1.0, 0.0, 2.0, 0.0]))
+    want, got = torch.linalg.ldl_factor_ex(a), on_tpu(torch.linalg.ldl_factor_ex, a)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    for shape in [(0, 0), (0, 2, 2), (2, 0, 0)]:
+        want, got = torch.linalg.ldl_factor_ex(torch.randn(shape)), on_tpu(torch.linalg.ldl_factor_ex, torch.randn(shape))
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype

@@ -782,3 +782,128 @@ def linalg_eigh(A: ET, UPLO: str = "L", compute_v: bool = True) -> tuple[ET, ET]
         eng().sync()  # one sweep per compiled graph, as in svdvals
     diag = _keep(s, _eye(n)).reduce("sum", [-1], False)
     return _descending(diag.unary("neg")).unary("neg"), _zeros([0])
+
+
+# ---- LDL^T (Bunch-Kaufman) ---------------------------------------------------------
+
+_BK_ALPHA = (1.0 + math.sqrt(17.0)) / 8.0
+
+
+def _pick_rows(x: ET, at: ET) -> ET:
+    """Row `at` ([..., 1, 1] i64, per batch) of x as [..., 1, n]: a masked sum."""
+    rows = eng().arange(0, x.shape[-2], 1, "i64").reshape([x.shape[-2], 1])
+    return _keep(x, rows.binary("eq", at)).reduce("sum", [-2], True)
+
+
+def _swap_any(x: ET, a: ET, b: ET) -> ET:
+    """Rows a and b ([..., 1, 1] i64 each, per batch) of x swapped."""
+    rows = eng().arange(0, x.shape[-2], 1, "i64").reshape([x.shape[-2], 1])
+    row_a, row_b = _pick_rows(x, a), _pick_rows(x, b)
+    return rows.binary("eq", a).where_(row_b, rows.binary("eq", b).where_(row_a, x))
+
+
+def _ldl_factor(a: ET) -> tuple[ET, ET, ET]:
+    """sytf2 (lower) with Bunch-Kaufman pivoting, over a batch whose elements
+    may choose 1x1 or 2x2 pivots at different steps: at step k an element
+    either starts a block (both kinds are computed and one is kept with
+    `where`) or is inside the 2x2 block it started at k - 1 and only writes
+    that block's second column. T is the trailing matrix kept symmetric in
+    full, so a symmetric interchange is a row swap and a column swap."""
+    n = a.shape[-1]
+    batch = list(a.shape[:-2])
+    rows = eng().arange(0, n, 1, "i64").reshape([n, 1])
+    cols = eng().arange(0, n, 1, "i64")
+    t = _symmetric_from(a, False)
+    zero_f = eng().full(0.0, [], "f32")
+    second = eng().full(0.0, batch + [1, 1], "bool")
+    pending = _zeros(batch + [n, 1])
+    info = _int_full(0, batch + [1, 1])
+    out_cols, pivs = [], []
+    for k in range(n):
+        col = _col(t, k)
+        akk = _row(col, k)
+        absakk = akk.unary("abs")
+        below = rows.binary("gt", k)
+        size = below.where_(col.unary("abs"), -1.0)
+        if k + 1 < n:
+            imax = size.arg_reduce("argmax", -2, True)
+            colmax = size.reduce("max", [-2], True)
+        else:
+            imax = eng().full(float(k), batch + [1, 1], "i64")
+            colmax = _zeros(batch + [1, 1])
+        zero = absakk.binary("maximum", colmax).binary("eq", 0.0).binary("logical_or", akk.binary("ne", akk))
+        row_imax = _pick_rows(t, imax)  # [..., 1, n]
+        off = cols.binary("ge", k).binary("logical_and", cols.binary("ne", imax))
+        rowmax = off.where_(row_imax.unary("abs"), -1.0).reduce("max", [-1], True).binary("maximum", 0.0)
+        aimax = _keep(row_imax, cols.binary("eq", imax)).reduce("sum", [-1], True).unary("abs")
+        no_swap = absakk.binary("ge", colmax.binary("mul", _BK_ALPHA))
+        safe_rowmax = rowmax.binary("eq", 0.0).where_(1.0, rowmax)
+        no_swap = no_swap.binary("logical_or", absakk.binary("ge", colmax.binary("mul", _BK_ALPHA).binary(
+            "mul", colmax.binary("div", safe_rowmax))))
+        one_swap = no_swap.unary("logical_not").binary("logical_and", aimax.binary("ge", rowmax.binary("mul", _BK_ALPHA)))
+        two = no_swap.binary("logical_or", one_swap).binary("logical_or", zero).unary("logical_not")
+        if k + 1 >= n:
+            two = eng().full(0.0, batch + [1, 1], "bool")
+        starts = second.unary("logical_not")
+        two = two.binary("logical_and", starts)
+        kp = no_swap.binary("logical_or", zero).where_(eng().full(float(k), [], "i64"), imax)
+        kk = two.where_(eng().full(float(k + 1), [], "i64"), eng().full(float(k), [], "i64"))
+        swapped = _swap_any(t, kk, kp)
+        swapped = _mT(_swap_any(_mT(swapped), kk, kp))
+        # 1x1: D = t_kk, L's column = t[k+1:, k] / t_kk, rank-1 update.
+        c1 = _col(swapped, k)
+        d = _row(c1, k)
+        safe_d = d.binary("eq", 0.0).where_(1.0, d)
+        x = _keep(c1, below)
+        l1 = x.binary("div", safe_d)
+        upd1 = swapped.binary("sub", l1.binary("mul", _mT(x)))
+        col1 = rows.binary("eq", k).where_(d, l1)
+        # 2x2 on rows/columns k, k+1 (only where it is chosen; made finite elsewhere).
+        if k + 1 < n:
+            c2 = _col(swapped, k + 1)
+            d21 = _row(c1, k + 1)
+            safe21 = d21.binary("eq", 0.0).where_(1.0, d21)
+            d11 = _row(c2, k + 1).binary("div", safe21)
+            d22 = d.binary("div", safe21)
+            den = d11.binary("mul", d22).binary("sub", 1.0)
+            tt = den.binary("eq", 0.0).where_(1.0, den).unary("reciprocal")
+            d21s = tt.binary("div", safe21)
+            rest = rows.binary("gt", k + 1)
+            ak, ak1 = _keep(c1, rest), _keep(c2, rest)
+            wk = d21s.binary("mul", d11.binary("mul", ak).binary("sub", ak1))
+            wk1 = d21s.binary("mul", d22.binary("mul", ak1).binary("sub", ak))
+            upd2 = swapped.binary("sub", ak.binary("mul", _mT(wk)).binary("add", ak1.binary("mul", _mT(wk1))))
+            col2a = rows.binary("eq", k).where_(d, rows.binary("eq", k + 1).where_(d21, wk))
+            col2b = rows.binary("eq", k + 1).where_(_row(c2, k + 1), wk1)
+        else:
+            upd2, col2a, col2b = upd1, col1, pending
+        keep_t = second.binary("logical_or", zero)
+        new_t = keep_t.where_(t, two.where_(upd2, upd1))
+        column = second.where_(pending, zero.where_(_keep(col, rows.binary("ge", k)), two.where_(col2a, col1)))
+        out_cols.append(column)
+        pending = col2b
+        fails = zero.binary("logical_and", starts).binary("logical_and", info.binary("eq", 0))
+        info = fails.where_(_int_full(k + 1, []), info)
+        kp1 = kp.binary("add", 1).cast("i32")
+        piv = two.where_(kp1.unary("neg"), kp1)
+        piv = second.where_(pivs[-1] if pivs else piv, piv)
+        pivs.append(piv)
+        t = new_t
+        second = two
+    ld = eng().cat(out_cols, -1) if n > 1 else out_cols[0]
+    piv = (eng().cat(pivs, -1) if n > 1 else pivs[0]).reshape(batch + [n])
+    return _keep(ld, _tri(n, False, True)), piv, info.reshape(batch)
+
+
+@lower("linalg_ldl_factor_ex.default")
+def linalg_ldl_factor_ex(self: ET, *, hermitian: bool = False, check_errors: bool = False) -> tuple[ET, ET, ET]:
+    """sytrf (lower), as PyTorch calls it; for real matrices `hermitian`
+    changes nothing."""
+    if check_errors:
+        raise Unsupported("check_errors (raising needs info on the host)")
+    _check(self)
+    n = _order(self)
+    batch = list(self.shape[:-2])
+    if math.prod(self.shape) == 0:
+        return _zeros(list(self.shape)), _int_full(0, batch + [n]), _int_full(0, batch)
+    return _ldl_factor(self)
