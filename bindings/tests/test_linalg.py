@@ -400,3 +400,16 @@ def test_ldl_factor_zero_columns_and_empty(nan_mode, no_fallback):
         want, got = torch.linalg.ldl_factor_ex(torch.randn(shape)), on_tpu(torch.linalg.ldl_factor_ex, torch.randn(shape))
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype
+
+
+def test_ldl_solve(mode, no_fallback):
+    for seed, n in [(2, 6), (4, 6), (7, 5), (9, 3), (11, 1)]:
+        torch.manual_seed(seed)
+        x = torch.randn(3, n, n)
+        ld, piv = torch.linalg.ldl_factor(x + x.mT)
+        for b in (torch.randn(3, n, 4), torch.randn(n, 2)):  # B's batch broadcasts
+            want = torch.linalg.ldl_solve(ld, piv, b)
+            torch.testing.assert_close(on_tpu(torch.linalg.ldl_solve, ld, piv, b), want, **TOL)
+    ld, piv = torch.linalg.ldl_factor(torch.randn(0, 2, 2))
+    b = torch.randn(2, 5)
+    assert torch.equal(on_tpu(torch.linalg.ldl_solve, ld, piv, b), torch.linalg.ldl_solve(ld, piv, b))

@@ -907,3 +907,85 @@ def linalg_ldl_factor_ex(self: ET, *, hermitian: bool = False, check_errors: boo
     if math.prod(self.shape) == 0:
         return _zeros(list(self.shape)), _int_full(0, batch + [n]), _int_full(0, batch)
     return _ldl_factor(self)
+
+
+def _set_row(x: ET, i: int, value: ET) -> ET:
+    rows = eng().arange(0, x.shape[-2], 1, "i64").reshape([x.shape[-2], 1])
+    return rows.binary("eq", i).where_(value, x)
+
+
+def _ldl_solve(ld: ET, piv: ET, b: ET) -> ET:
+    """sytrs (lower): L D L^T X = B with sytrf's interchanges, the forward
+    pass then the backward one. Which positions start a 2x2 block follows
+    from the signs of the pivots, per batch element."""
+    n = ld.shape[-1]
+    batch = list(piv.shape[:-1])
+    rows = eng().arange(0, n, 1, "i64").reshape([n, 1])
+    p = piv.cast("i64")
+    neg, target = [], []
+    for k in range(n):
+        v = p.slice(-1, k, k + 1, 1).reshape(batch + [1, 1])
+        neg.append(v.binary("lt", 0))
+        target.append(v.binary("lt", 0).where_(v.unary("neg"), v).binary("sub", 1))
+    first, second = [], []
+    after = eng().full(0.0, batch + [1, 1], "bool")
+    for k in range(n):
+        first.append(neg[k].binary("logical_and", after.unary("logical_not")))
+        second.append(after)
+        after = first[k]
+    # Forward: L D Y = P^T B.
+    for k in range(n):
+        one = neg[k].unary("logical_not")
+        lk = _col(ld, k)
+        b1 = _swap_any(b, eng().full(float(k), [], "i64"), target[k])
+        b1 = b1.binary("sub", _keep(lk, rows.binary("gt", k)).binary("mul", _row(b1, k)))
+        b1 = _set_row(b1, k, _row(b1, k).binary("div", _row(lk, k)))
+        b2 = b
+        if k + 1 < n:
+            b2 = _swap_any(b, eng().full(float(k + 1), [], "i64"), target[k])
+            rest = rows.binary("gt", k + 1)
+            lk1 = _col(ld, k + 1)
+            b2 = b2.binary("sub", _keep(lk, rest).binary("mul", _row(b2, k)))
+            b2 = b2.binary("sub", _keep(lk1, rest).binary("mul", _row(b2, k + 1)))
+            akm1k = _row(lk, k + 1)
+            safe = akm1k.binary("eq", 0.0).where_(1.0, akm1k)
+            akm1 = _row(lk, k).binary("div", safe)
+            ak = _row(lk1, k + 1).binary("div", safe)
+            denom = akm1.binary("mul", ak).binary("sub", 1.0)
+            denom = denom.binary("eq", 0.0).where_(1.0, denom)
+            bkm1 = _row(b2, k).binary("div", safe)
+            bk = _row(b2, k + 1).binary("div", safe)
+            b2 = _set_row(b2, k, ak.binary("mul", bkm1).binary("sub", bk).binary("div", denom))
+            b2 = _set_row(b2, k + 1, akm1.binary("mul", bk).binary("sub", bkm1).binary("div", denom))
+        b = one.where_(b1, first[k].where_(b2, b))
+    # Backward: L^T X = Y, then the interchanges in reverse.
+    for k in range(n - 1, -1, -1):
+        one = neg[k].unary("logical_not")
+        later = rows.binary("gt", k)
+        dot_k = _keep(_col(ld, k), later).binary("mul", b).reduce("sum", [-2], True)
+        bb = _set_row(b, k, _row(b, k).binary("sub", dot_k))
+        if k > 0:
+            dot_km1 = _keep(_col(ld, k - 1), later).binary("mul", b).reduce("sum", [-2], True)
+            b2 = _set_row(bb, k - 1, _row(bb, k - 1).binary("sub", dot_km1))
+        else:
+            b2 = bb
+        swap_to = target[k]
+        b1 = _swap_any(bb, eng().full(float(k), [], "i64"), swap_to)
+        b2 = _swap_any(b2, eng().full(float(k), [], "i64"), swap_to)
+        b = one.where_(b1, second[k].where_(b2, b))
+    return b
+
+
+@lower("linalg_ldl_solve.default")
+def linalg_ldl_solve(LD: ET, pivots: ET, B: ET, *, hermitian: bool = False) -> ET:
+    _check(LD, B)
+    n = _order(LD)
+    if not isinstance(pivots, ET) or pivots.dtype != "i32" or list(pivots.shape) != list(LD.shape[:-1]) \
+            or B.shape[-2] != n:
+        raise Unsupported("ldl_solve arguments PyTorch rejects")
+    batch = _broadcast(list(LD.shape[:-2]), list(B.shape[:-2]))
+    out_shape = batch + list(B.shape[-2:])
+    if math.prod(out_shape) == 0 or n == 0:
+        return _zeros(out_shape)
+    ld, b = _expand_batch(LD, batch), _expand_batch(B, batch)
+    return _ldl_solve(ld, pivots.expand(batch + [n]), b)
