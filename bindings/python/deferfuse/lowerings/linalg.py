@@ -1,16 +1,25 @@
 """Dense linear algebra unrolled into engine ops: triangular solves,
-Cholesky, LU (solve, inverse, determinants) and Householder QR.
+Cholesky, LU (solve, inverse, determinants), LDL^T (Bunch-Kaufman),
+Householder QR, and singular values / symmetric eigenvalues by Jacobi.
 
 The engine has no LAPACK: as XLA's expanders do, each factorization or solve
 is written as its textbook loop over the n rows or columns of the matrix, each
-step a few batched slices, products and `where`s. The trace grows with n
-(n^2 for some), so matrices larger than `MAX_N` stay on the CPU. Only float32
-is lowered: PyTorch's CPU kernels refuse bfloat16 and float16, and the
-fallback then raises PyTorch's own error.
+step a few batched slices, products and `where`s (the engine has no gather:
+a row picked per batch element, such as a pivot row, is a masked sum). The
+trace grows with n, so matrices larger than `MAX_N` stay on the CPU. Where
+batch elements take different paths (pivot rows, LDL's 1x1 or 2x2 blocks),
+every path is computed and `where` keeps each element's own; divisors on the
+paths not taken are made 1 first, so no step makes an Inf or NaN that the
+result does not have.
+
+Only float32 is lowered: PyTorch's CPU kernels refuse bfloat16 and float16,
+and the fallback then raises PyTorch's own error. `check_errors=True` and
+arguments PyTorch rejects go to the CPU as well, for PyTorch's own errors.
 
 Accumulation follows the reference BLAS / LAPACK order (column-oriented
 updates, one rounding per step in float32), which is within the OpInfo
-tolerance of the optimized LAPACK that PyTorch calls.
+tolerance of the optimized LAPACK (MKL) that PyTorch calls; pivots, info and
+the LAPACK leftovers on failure (Cholesky) are LAPACK's exactly.
 """
 
 from __future__ import annotations
