@@ -413,3 +413,28 @@ def test_ldl_solve(mode, no_fallback):
     ld, piv = torch.linalg.ldl_factor(torch.randn(0, 2, 2))
     b = torch.randn(2, 5)
     assert torch.equal(on_tpu(torch.linalg.ldl_solve, ld, piv, b), torch.linalg.ldl_solve(ld, piv, b))
+
+
+def test_aux_outputs_are_pytorchs(mode, no_fallback):
+    """The LU, pivots and info that autograd reuses: solve's are of A, det's
+    and slogdet's of A^T, as PyTorch's CPU kernels return them."""
+    a = torch.randn(2, 4, 4) + 2 * torch.eye(4)
+    for op, args in [(torch.ops.aten._linalg_solve_ex, (a, torch.randn(3, 2, 4, 2))),
+                     (torch.ops.aten._linalg_solve_ex, (a, torch.randn(2, 4))),
+                     (torch.ops.aten._linalg_det, (a,)), (torch.ops.aten._linalg_slogdet, (a,))]:
+        want, got = op(*args), on_tpu(op, *args)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            if w.dtype == torch.int32:
+                assert torch.equal(g, w)
+            else:
+                torch.testing.assert_close(g, w, **TOL)
+
+
+def test_solve_and_det_gradients(nan_mode, no_fallback):
+    a, b = torch.randn(4, 4) + 2 * torch.eye(4), torch.randn(4, 2)
+    for fn in (lambda m: torch.linalg.solve(m, b.to(m.device)).sum(), lambda m: torch.linalg.det(m),
+               lambda m: torch.linalg.inv(m).sum(), lambda m: torch.linalg.slogdet(m)[1]):
+        at = a.to("tpu").requires_grad_()
+        fn(at).backward()
+        torch.testing.assert_close(at.grad.cpu(), torch.func.grad(fn)(a), rtol=1e-4, atol=1e-4)

@@ -428,8 +428,8 @@ def _is_vector_rhs(a: ET, b: ET) -> bool:
 
 @lower("_linalg_solve_ex.default")
 def linalg_solve_ex(A: ET, B: ET, *, left: bool = True, check_errors: bool = False) -> tuple[ET, ET, ET, ET]:
-    """As PyTorch does for a contiguous A (and the CPU fallback always sees
-    one): LU of A^T, then the adjoint LU solve."""
+    """LU of A, then the LU solve; LU, pivots and info are returned as
+    PyTorch's CPU kernel returns them (measured: of A itself, unlike det's)."""
     if check_errors:
         raise Unsupported("check_errors (raising needs info on the host)")
     _check(A)
@@ -441,8 +441,8 @@ def linalg_solve_ex(A: ET, B: ET, *, left: bool = True, check_errors: bool = Fal
     b = B.reshape(list(B.shape) + [1]) if vector else B
     _check(b)
     _order(A)
-    lu, piv, info = _lu_factor_checked(_mT(A))
-    x = _lu_solve(lu, piv, b, left, True)
+    lu, piv, info = _lu_factor_checked(A)
+    x = _lu_solve(lu, piv, b, left, False)
     if vector:
         x = x.reshape(list(x.shape[:-1]))
     return x, lu, piv, info
