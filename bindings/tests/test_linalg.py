@@ -438,3 +438,14 @@ def test_solve_and_det_gradients(nan_mode, no_fallback):
         at = a.to("tpu").requires_grad_()
         fn(at).backward()
         torch.testing.assert_close(at.grad.cpu(), torch.func.grad(fn)(a), rtol=1e-4, atol=1e-4)
+
+
+def test_failures_raise_pytorchs_errors(no_fallback):
+    """linalg.cholesky / inv / lu_factor check the info our kernels compute."""
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.cholesky(torch.tensor([[1.0, 2.0], [2.0, 1.0]]).to("tpu"))
+    singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]]).to("tpu")
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.inv(singular)
+    with pytest.raises(RuntimeError):
+        torch.linalg.lu_factor(singular)
