@@ -156,3 +156,13 @@ def test_decomposition_keeps_cpu_dtypes_on_the_cpu(mode):
     got = torch.nn.functional.glu(x.to("tpu"), -1).cpu()
     torch.testing.assert_close(got, torch.nn.functional.glu(x, -1))
     assert (deferfuse.fallback_counts() - before)["aten::glu"] == 1
+
+
+def test_any_and_all_over_no_elements(nan_mode, no_fallback):
+    # any over nothing is False and all over nothing is True, as in PyTorch.
+    for x in (torch.zeros(0, 3), torch.zeros(2, 0), torch.tensor([[True, False], [False, False]]), torch.tensor(0.5)):
+        for reduce in (torch.any, torch.all):
+            assert torch.equal(on_tpu(reduce, x), reduce(x))
+            if x.dim():
+                for dim in range(-x.dim(), x.dim()):
+                    assert torch.equal(on_tpu(reduce, x, dim, keepdim=True), reduce(x, dim, keepdim=True))

@@ -132,18 +132,16 @@ def argmin(self: ET, dim: int | None = None, keepdim: bool = False) -> ET:
 
 @lower("any.default", "any.dim", "any.dims")
 def any_(self: ET, dim: Any = None, keepdim: bool = False) -> ET:
-    if math.prod(self.shape) == 0:
-        raise Unsupported("any of an empty tensor")
+    # Counting (not max) so that a reduction over no elements is False.
     axes = dims(self, dim) if len(self.shape) else []
-    return self.cast("bool").cast("i32").reduce("max", axes, keepdim).cast("bool")
+    return self.cast("bool").cast("i64").reduce("sum", axes, keepdim).binary("gt", 0)
 
 
 @lower("all.default", "all.dim", "all.dims")
 def all_(self: ET, dim: Any = None, keepdim: bool = False) -> ET:
-    if math.prod(self.shape) == 0:
-        raise Unsupported("all of an empty tensor")
+    # Counting the False elements, so that a reduction over none is True.
     axes = dims(self, dim) if len(self.shape) else []
-    return self.cast("bool").cast("i32").reduce("min", axes, keepdim).cast("bool")
+    return self.cast("bool").unary("logical_not").cast("i64").reduce("sum", axes, keepdim).binary("eq", 0)
 
 
 def _var(self: ET, dim: Any, correction: Any, keepdim: bool) -> ET:
