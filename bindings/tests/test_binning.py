@@ -83,3 +83,80 @@ def test_flip_short_and_long_axes(nan_mode, no_fallback):
     i = torch.randint(-9, 9, (6,))
     assert torch.equal(on_tpu(torch.flip, i, (0,)), torch.flip(i, (0,)))
     assert torch.equal(on_tpu(torch.rot90, x[0], 1, (0, 1)).nan_to_num(), torch.rot90(x[0], 1, (0, 1)).nan_to_num())
+
+
+# ---- histc / histogram / histogramdd ------------------------------------------------
+
+
+def _edge_heavy(n=200):
+    """Random values plus values on and next to the bin edges (where rounding decides the bin)."""
+    x = torch.randn(n)
+    edges = torch.linspace(float(x.min()), float(x.max()), 11)
+    near = torch.cat([edges, edges.nextafter(torch.tensor(float("inf"))), edges.nextafter(torch.tensor(-float("inf")))])
+    return torch.cat([x, near])
+
+
+def test_histc(nan_mode, no_fallback):
+    x = _edge_heavy()
+    for kw in [dict(), dict(bins=10), dict(bins=7, min=-1, max=1), dict(bins=3, min=2, max=2), dict(bins=1000)]:
+        assert torch.equal(on_tpu(torch.histc, x, **kw), torch.histc(x, **kw)), kw
+    with_nan = torch.tensor([0.5, float("nan"), -3.0, 0.0, 1.0, 1.0, 2.0])  # NaN and out-of-range count nowhere
+    assert torch.equal(on_tpu(torch.histc, with_nan, 4, 0, 1), torch.histc(with_nan, 4, 0, 1))
+    same = torch.full((5,), 3.0)  # min == max: widened by 1 on each side
+    assert torch.equal(on_tpu(torch.histc, same, 4), torch.histc(same, 4))
+    assert torch.equal(on_tpu(torch.histc, torch.tensor([]), 4), torch.histc(torch.tensor([]), 4))
+    grid = torch.linspace(-2, 3, 101)  # every element on an edge
+    assert torch.equal(on_tpu(torch.histc, grid, 100), torch.histc(grid, 100))
+
+
+def test_histc_non_finite_data_gives_nan(nan_mode, no_fallback):
+    """PyTorch raises (the data's range is not finite); the engine, reading
+    nothing back, marks every count NaN instead."""
+    got = on_tpu(torch.histc, torch.tensor([1.0, float("inf")]), 3)
+    assert got.isnan().all()
+
+
+@pytest.mark.parametrize("density", [False, True])
+def test_histogram_bin_count(nan_mode, no_fallback, density):
+    x = _edge_heavy(201).reshape(2, -1)
+    w = torch.rand(x.shape)
+    for kw in [dict(bins=10), dict(bins=9000), dict(bins=5, range=(-1.0, 0.5)), dict(bins=3, range=(2.0, 2.0)),
+               dict(bins=6, weight=w)]:
+        want, got = torch.histogram(x, density=density, **kw), on_tpu(torch.histogram, x, density=density, **kw)
+        if density or "weight" in kw:
+            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)  # sums in another order
+        else:
+            assert torch.equal(got[0], want[0]), kw
+        assert torch.equal(got[1], want[1]), kw  # the edges are PyTorch's linspace, bit for bit
+    same = torch.full((4,), -2.0)  # min == max: widened by 0.5
+    assert all(torch.equal(g, w) for g, w in zip(on_tpu(torch.histogram, same, bins=4), torch.histogram(same, bins=4)))
+    empty = torch.zeros(0)
+    assert all(torch.equal(g, w) for g, w in zip(on_tpu(torch.histogram, empty, bins=3), torch.histogram(empty, bins=3)))
+
+
+def test_histogram_bin_tensor_is_upper_bound(nan_mode, no_fallback):
+    x = torch.tensor([-1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("nan"), 2.5])
+    for edges in [torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([0.0, 0.0, 1.0, 1.0, 3.0]),
+                  torch.tensor([0.0, 2.0, 1.0, 3.0]),  # unsorted: std::upper_bound's steps decide
+                  torch.linspace(-1, 3, 700)]:
+        want, got = torch.histogram(x, edges), on_tpu(torch.histogram, x, edges)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), edges
+    w = torch.rand(9)
+    want = torch.histogram(x, torch.tensor([0.0, 1.0, 3.0]), weight=w, density=True)
+    got = on_tpu(torch.histogram, x, torch.tensor([0.0, 1.0, 3.0]), weight=w, density=True)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_histogramdd(nan_mode, no_fallback):
+    x = torch.randn(50, 3)
+    w = torch.rand(50)
+    for kw in [dict(bins=[3, 4, 2]), dict(bins=[2, 2, 2], range=[-1.0, 1.0, 0.0, 1.0, -2.0, 0.0]),
+               dict(bins=[4, 1, 3], weight=w, density=True),
+               dict(bins=[torch.tensor([-1.0, 0.0, 1.0]), torch.tensor([-3.0, 3.0]), torch.tensor([0.0, 0.5, 1.0, 2.0])])]:
+        want = torch.histogramdd(x, **kw)
+        if isinstance(kw["bins"][0], torch.Tensor):
+            kw = dict(kw, bins=[b.to("tpu") for b in kw["bins"]])
+        got = on_tpu(torch.histogramdd, x, **kw)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)  # exact counts; density divides
+        for g, e in zip(got[1], want[1]):
+            assert torch.equal(g.cpu(), e)
