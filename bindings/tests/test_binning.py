@@ -160,3 +160,24 @@ def test_histogramdd(nan_mode, no_fallback):
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)  # exact counts; density divides
         for g, e in zip(got[1], want[1]):
             assert torch.equal(g.cpu(), e)
+
+
+# ---- segment_reduce -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce(nan_mode, no_fallback, reduce, initial):
+    seg = torch.segment_reduce
+    data = torch.randn(6, 3)
+    data[4, 1] = float("nan")  # NaN propagates through its own segment only
+    lengths = torch.tensor([2, 0, 3, 1])  # an empty segment
+    offsets = torch.tensor([0, 2, 2, 5, 6])
+    for kw in [dict(lengths=lengths), dict(offsets=offsets), dict(lengths=lengths, unsafe=True)]:
+        want = seg(data, reduce, axis=0, initial=initial, **kw)
+        got = on_tpu(seg, data, reduce, axis=0, initial=initial, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)  # sums in another order
+    batched = torch.tensor([[1, 2, 0], [0, 0, 3]])  # per-row lengths, axis 1, negative axis
+    want = seg(data.t().reshape(2, 9)[:, :3], reduce, lengths=batched, axis=1, initial=initial)
+    got = on_tpu(seg, data.t().reshape(2, 9)[:, :3].contiguous(), reduce, lengths=batched, axis=-1, initial=initial)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)

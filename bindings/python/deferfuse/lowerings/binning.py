@@ -296,3 +296,64 @@ def histogramdd_from_bin_tensors(self: ET, bins: Any, *, weight: ET | None = Non
 
 def _flat_weight(weight: ET | None) -> ET | None:
     return None if weight is None else weight.reshape([math.prod(weight.shape)])
+
+
+# ---- segment_reduce -------------------------------------------------------------
+
+#: What a segment starts from when no `initial` is given (PyTorch's CPU kernel).
+_SEGMENT_START = {"max": float("-inf"), "min": float("inf"), "sum": 0.0, "mean": 0.0, "prod": 1.0}
+
+
+def _segment_bounds(lengths: ET | None, offsets: ET | None) -> tuple[ET, ET]:
+    """(start, end) of every segment, [..., S] as i64. From lengths, the end is
+    their running sum, a masked sum over the segments before and including
+    each one."""
+    if offsets is not None:
+        s = offsets.shape[-1] - 1
+        o = offsets.cast("i64")
+        return o.slice(-1, 0, s, 1), o.slice(-1, 1, s + 1, 1)
+    s = lengths.shape[-1]
+    ln = lengths.cast("i64")
+    upto = eng().arange(0, s, 1, "i64").reshape([s, 1]).binary("ge", eng().arange(0, s, 1, "i64"))  # [i, j]: j <= i
+    terms = upto.where_(ln.reshape(list(ln.shape[:-1]) + [1, s]), eng().full(0.0, [], "i64"))
+    end = terms.reduce("sum", [-1], False)
+    return end.binary("sub", ln), end
+
+
+@lower("segment_reduce.default")
+def segment_reduce(data: ET, reduce: str, *, lengths: ET | None = None, indices: ET | None = None,
+                   offsets: ET | None = None, axis: int = 0, unsafe: bool = False, initial: Any = None) -> ET:
+    """Each segment's reduction as a reduction of the data masked to it: values
+    outside the segment become the reduction's identity, and `initial` (or
+    PyTorch's default start) joins as one more value. An empty segment's mean
+    is `initial`, or NaN without one."""
+    if reduce not in _SEGMENT_START or indices is not None or not isinstance(data, ET) or data.dtype != "f32":
+        raise Unsupported("segment_reduce with indices, a non-float32 tensor or another reduction")
+    bounds = offsets if offsets is not None else lengths
+    if not isinstance(bounds, ET) or bounds.dtype not in ("i64", "i32") or len(data.shape) == 0:
+        raise Unsupported("segment_reduce without integer lengths or offsets")
+    rank = len(data.shape)
+    axis %= rank
+    if len(bounds.shape) != axis + 1 or list(bounds.shape[:-1]) != list(data.shape[:axis]):
+        raise Unsupported("lengths / offsets that do not match the data's leading dimensions")
+    start, end = _segment_bounds(lengths, offsets)  # [outer..., S]
+    s, j = start.shape[-1], data.shape[axis]
+    inner = list(data.shape[axis + 1:])
+    if math.prod(data.shape[:axis]) * s * j * max(1, math.prod(inner)) > ONE_HOT_LIMIT:
+        raise Unsupported("a segment reduction too large for masks")
+    outer = list(data.shape[:axis])
+    pos = eng().arange(0, j, 1, "i64")
+    member = start.reshape(outer + [s, 1]).binary("le", pos).binary(
+        "logical_and", end.reshape(outer + [s, 1]).binary("gt", pos))  # [outer..., S, J]
+    member = member.reshape(outer + [s, j] + [1] * len(inner))
+    values = data.reshape(outer + [1, j] + inner)
+    first = _SEGMENT_START[reduce] if initial is None else float(initial)
+    kind = "sum" if reduce == "mean" else reduce
+    masked = member.where_(values, eng().full(_SEGMENT_START[kind], [], "f32"))
+    masked = eng().cat([eng().full(first, outer + [s, 1] + inner, "f32"), masked.expand(outer + [s, j] + inner)], axis + 1)
+    out = masked.reduce(kind, [axis + 1], False)  # [outer..., S, inner...]
+    if reduce != "mean":
+        return out
+    count = end.binary("sub", start).cast("f32").reshape(outer + [s] + [1] * len(inner))
+    empty_value = float("nan") if initial is None else float(initial)
+    return count.binary("gt", 0.0).where_(out.binary("div", count.binary("maximum", 1.0)), empty_value)
