@@ -181,3 +181,43 @@ def test_segment_reduce(nan_mode, no_fallback, reduce, initial):
     want = seg(data.t().reshape(2, 9)[:, :3], reduce, lengths=batched, axis=1, initial=initial)
     got = on_tpu(seg, data.t().reshape(2, 9)[:, :3].contiguous(), reduce, lengths=batched, axis=-1, initial=initial)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+# ---- pads, nearest upsampling, im2col -------------------------------------------------
+
+F = torch.nn.functional
+
+
+@pytest.mark.parametrize("padmode", ["reflect", "replicate"])
+def test_reflection_and_replication_pads(nan_mode, no_fallback, padmode):
+    x = torch.randn(2, 3, 4, 5, 6)
+    x[0, 0, 0, 0, 0] = float("nan")
+    x[1, 2, 3, 4, 5] = -0.0
+    cases = [(x[0, 0, 0], (2, 3)), (x[0, 0], (1, 2, 3, 0)), (x[0], (1, 1, 2, 3, 0, 2)), (x[0, 0, 0], (-1, 2)),
+             (x[:, :, 0], (0, 5, 3, 3)), (x, (3, 2, 1, 0, 2, 2))]
+    for t, pad in cases:
+        want, got = F.pad(t, pad, mode=padmode), on_tpu(F.pad, t, pad, mode=padmode)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), pad
+        assert torch.equal(got.signbit(), want.signbit())
+    wide = torch.randn(1, 2, 70)  # more than MAX_PIECES runs: the one-hot path
+    assert torch.equal(on_tpu(F.pad, wide, (69, 69), mode=padmode), F.pad(wide, (69, 69), mode=padmode))
+
+
+@pytest.mark.parametrize("interp", ["nearest", "nearest-exact"])
+def test_nearest_upsampling(mode, no_fallback, interp):
+    x = torch.randn(2, 3, 5, 4, 3)
+    cases = [(x[:, :, 0, 0], dict(size=7)), (x[:, :, 0, 0], dict(scale_factor=2.0)), (x[:, :, 0, 0], dict(size=2)),
+             (x[:, :, 0], dict(size=(9, 3))), (x[:, :, 0], dict(scale_factor=(1.7, 0.6))),
+             (x, dict(size=(4, 8, 6))), (x, dict(scale_factor=(3.0, 1.3, 2.5))), (x[:, :, 0, 0], dict(size=150))]
+    for t, kw in cases:
+        assert torch.equal(on_tpu(F.interpolate, t, mode=interp, **kw), F.interpolate(t, mode=interp, **kw)), kw
+
+
+def test_im2col_unfold(mode, no_fallback):
+    x = torch.randn(2, 3, 7, 6)
+    for kw in [dict(kernel_size=2), dict(kernel_size=(2, 3), stride=(2, 1), padding=(1, 2)),
+               dict(kernel_size=3, dilation=(2, 1), padding=1, stride=2), dict(kernel_size=(7, 6))]:
+        assert torch.equal(on_tpu(F.unfold, x, **kw), F.unfold(x, **kw)), kw
+        assert torch.equal(on_tpu(F.unfold, x[0], **kw), F.unfold(x[0], **kw)), kw  # unbatched
+    empty = torch.randn(0, 3, 5, 5)
+    assert torch.equal(on_tpu(F.unfold, empty, 2), F.unfold(empty, 2))

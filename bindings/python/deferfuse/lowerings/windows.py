@@ -114,3 +114,239 @@ def flip(self: ET, dims: Any) -> ET:
     for axis in axes:
         x = _reverse_axis(x, axis)
     return x
+
+
+# ---- lookups with indices known in Python ----------------------------------------
+
+#: At most this many slices for one static lookup; beyond, a one-hot lookup.
+MAX_PIECES = 64
+
+
+def _runs(index: list[int]) -> list[tuple[int, int, int]]:
+    """`index` as (first source, source count, repeats): consecutive ascending
+    sources become one slice, one source repeated becomes one expanded slice."""
+    runs: list[tuple[int, int, int]] = []
+    for i in index:
+        if runs:
+            first, count, reps = runs[-1]
+            if reps == 1 and i == first + count:
+                runs[-1] = (first, count + 1, 1)
+                continue
+            if count == 1 and i == first:
+                runs[-1] = (first, 1, reps + 1)
+                continue
+        runs.append((i, 1, 1))
+    return runs
+
+
+def _take(x: ET, axis: int, index: list[int]) -> ET:
+    """x[..., index, ...] along `axis` for indices known in Python, as slices
+    (exact: signs of zeros and NaN kept) or, when there would be too many, a
+    one-hot lookup."""
+    n = x.shape[axis]
+    if index == list(range(n)):
+        return x
+    runs = _runs(index)
+    if len(runs) > MAX_PIECES:
+        source = x.cast("i32") if x.dtype == "bool" else x
+        out = index_select(source, axis, _index_tensor(index))
+        return out.cast("bool") if x.dtype == "bool" else out
+    pieces = []
+    for first, count, reps in runs:
+        piece = x.slice(axis, first, first + count, 1)
+        if reps > 1:
+            shape = list(piece.shape)
+            shape[axis] = reps
+            piece = piece.expand(shape)
+        pieces.append(piece)
+    return pieces[0] if len(pieces) == 1 else eng().cat(pieces, axis)
+
+
+def _index_tensor(index: list[int]) -> ET:
+    import torch
+
+    from .._handles import from_cpu_value
+
+    return from_cpu_value(torch.tensor(index, dtype=torch.int64))
+
+
+# ---- padding ----------------------------------------------------------------------
+
+
+def _pad(self: ET, padding: Any, spatial: int, source_of: Any) -> ET:
+    """Pads the last `spatial` axes; `padding` pairs (before, after) start at
+    the last axis, as PyTorch's do. `source_of(k, n)` maps an output position
+    k - before (which may lie outside [0, n)) to the input position it copies."""
+    padding = list(padding)
+    if len(padding) != 2 * spatial or len(self.shape) not in (spatial + 1, spatial + 2):
+        raise Unsupported("padding arguments PyTorch rejects")
+    x = self
+    rank = len(self.shape)
+    for i in range(spatial):
+        axis = rank - 1 - i
+        before, after = int(padding[2 * i]), int(padding[2 * i + 1])
+        n = x.shape[axis]
+        size = n + before + after
+        if size <= 0 or n == 0:
+            raise Unsupported("padding to an empty axis or of an empty axis")
+        index = [source_of(k - before, n) for k in range(size)]
+        if any(not 0 <= s < n for s in index):
+            raise Unsupported("padding wider than the input")
+        x = _take(x, axis, index)
+    return x
+
+
+def _reflect(k: int, n: int) -> int:
+    if k < 0:
+        return -k
+    if k >= n:
+        return 2 * (n - 1) - k
+    return k
+
+
+def _replicate(k: int, n: int) -> int:
+    return min(max(k, 0), n - 1)
+
+
+@lower("reflection_pad1d.default")
+def reflection_pad1d(self: ET, padding: Any) -> ET:
+    return _pad(self, padding, 1, _reflect)
+
+
+@lower("reflection_pad2d.default")
+def reflection_pad2d(self: ET, padding: Any) -> ET:
+    return _pad(self, padding, 2, _reflect)
+
+
+@lower("reflection_pad3d.default")
+def reflection_pad3d(self: ET, padding: Any) -> ET:
+    return _pad(self, padding, 3, _reflect)
+
+
+@lower("replication_pad1d.default")
+def replication_pad1d(self: ET, padding: Any) -> ET:
+    return _pad(self, padding, 1, _replicate)
+
+
+@lower("replication_pad2d.default")
+def replication_pad2d(self: ET, padding: Any) -> ET:
+    return _pad(self, padding, 2, _replicate)
+
+
+@lower("replication_pad3d.default")
+def replication_pad3d(self: ET, padding: Any) -> ET:
+    return _pad(self, padding, 3, _replicate)
+
+
+# ---- nearest upsampling -------------------------------------------------------------
+
+
+def _nearest_sources(n_in: int, n_out: int, scale: float | None, exact: bool) -> list[int]:
+    """PyTorch's CPU source index for every output position: the scale is a
+    float32 (1 / scale when given and positive, else in / out), the product is
+    float32 (nearest) or double rounded to float32 (nearest-exact), floored and
+    clamped to the input."""
+    import numpy as np
+
+    if not exact and n_out == n_in:
+        return list(range(n_out))
+    if not exact and n_out == 2 * n_in:
+        return [k >> 1 for k in range(n_out)]
+    s = np.float32(1.0 / scale) if scale is not None and scale > 0 else np.float32(n_in) / np.float32(n_out)
+    out = []
+    for k in range(n_out):
+        if exact:
+            v = np.float32(np.float64(k + 0.5) * np.float64(s))
+        else:
+            v = np.float32(k) * s
+        out.append(min(int(np.floor(v)), n_in - 1))
+    return out
+
+
+def _upsample(self: ET, output_size: Any, scales: list[Any], exact: bool) -> ET:
+    spatial = len(scales)
+    if len(self.shape) != spatial + 2 or len(output_size) != spatial or math.prod(self.shape) == 0:
+        raise Unsupported("upsampling arguments PyTorch rejects, or an empty input")
+    x = self
+    for i in range(spatial):
+        axis = 2 + i
+        n_out = int(output_size[i])
+        if n_out <= 0:
+            raise Unsupported("an empty output")
+        x = _take(x, axis, _nearest_sources(x.shape[axis], n_out, scales[i], exact))
+    return x
+
+
+@lower("upsample_nearest1d.default")
+def upsample_nearest1d(self: ET, output_size: Any, scales: float | None = None) -> ET:
+    return _upsample(self, output_size, [scales], False)
+
+
+@lower("upsample_nearest2d.default")
+def upsample_nearest2d(self: ET, output_size: Any, scales_h: float | None = None, scales_w: float | None = None) -> ET:
+    return _upsample(self, output_size, [scales_h, scales_w], False)
+
+
+@lower("upsample_nearest3d.default")
+def upsample_nearest3d(self: ET, output_size: Any, scales_d: float | None = None, scales_h: float | None = None,
+                       scales_w: float | None = None) -> ET:
+    return _upsample(self, output_size, [scales_d, scales_h, scales_w], False)
+
+
+@lower("_upsample_nearest_exact1d.default")
+def upsample_nearest_exact1d(self: ET, output_size: Any, scales: float | None = None) -> ET:
+    return _upsample(self, output_size, [scales], True)
+
+
+@lower("_upsample_nearest_exact2d.default")
+def upsample_nearest_exact2d(self: ET, output_size: Any, scales_h: float | None = None,
+                             scales_w: float | None = None) -> ET:
+    return _upsample(self, output_size, [scales_h, scales_w], True)
+
+
+@lower("_upsample_nearest_exact3d.default")
+def upsample_nearest_exact3d(self: ET, output_size: Any, scales_d: float | None = None,
+                             scales_h: float | None = None, scales_w: float | None = None) -> ET:
+    return _upsample(self, output_size, [scales_d, scales_h, scales_w], True)
+
+
+# ---- im2col (unfold) ----------------------------------------------------------------
+
+
+@lower("im2col.default")
+def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> ET:
+    """[N, C, H, W] -> [N, C * kh * kw, L]: zero padding by concatenation, then
+    one strided slice per kernel offset; rows are channel-major (c, i, j) and
+    columns row-major over the output positions, as PyTorch lays them out."""
+    if len(self.shape) not in (3, 4):
+        raise Unsupported("im2col of a tensor that is not 3-D or 4-D")
+    batched = len(self.shape) == 4
+    x = self if batched else self.reshape([1] + list(self.shape))
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (list(map(int, a)) for a in (kernel_size, dilation, padding, stride))
+    n, c, h, w = x.shape
+    oh = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    if min(kh, kw, dh, dw, sh, sw) <= 0 or min(ph, pw) < 0 or oh <= 0 or ow <= 0:
+        raise Unsupported("im2col arguments PyTorch rejects")
+    if n * c == 0:  # no values: a constant of the right shape
+        out = eng().full(0.0, [n, c * kh * kw, oh * ow], x.dtype)
+        return out if batched else out.reshape([c * kh * kw, oh * ow])
+    x = _zero_pad(x, 2, ph)
+    x = _zero_pad(x, 3, pw)
+    columns = []
+    for i in range(kh):
+        rows = x.slice(2, i * dh, i * dh + (oh - 1) * sh + 1, sh)
+        for j in range(kw):
+            patch = rows.slice(3, j * dw, j * dw + (ow - 1) * sw + 1, sw)  # [N, C, oh, ow]
+            columns.append(patch.reshape([n, c, 1, oh * ow]))
+    out = (columns[0] if len(columns) == 1 else eng().cat(columns, 2)).reshape([n, c * kh * kw, oh * ow])
+    return out if batched else out.reshape([c * kh * kw, oh * ow])
+
+
+def _zero_pad(x: ET, axis: int, p: int) -> ET:
+    if p == 0:
+        return x
+    shape = list(x.shape)
+    shape[axis] = p
+    zeros = eng().full(0.0, shape, x.dtype)
+    return eng().cat([zeros, x, zeros], axis)
