@@ -221,3 +221,16 @@ def test_im2col_unfold(mode, no_fallback):
         assert torch.equal(on_tpu(F.unfold, x[0], **kw), F.unfold(x[0], **kw)), kw  # unbatched
     empty = torch.randn(0, 3, 5, 5)
     assert torch.equal(on_tpu(F.unfold, empty, 2), F.unfold(empty, 2))
+
+
+def test_constant_pad_nd(mode, no_fallback):
+    x = torch.randn(2, 3, 4)
+    for pad, value in [((1, 2), 0.0), ((-1, 2, 0, 1), 1.5), ((2, -3, -1, -1, 1, 0), -2.0), ((0, 0), 0.0), ((-2, -2), 3.0)]:
+        want = torch.constant_pad_nd(x, pad, value)
+        assert torch.equal(on_tpu(torch.constant_pad_nd, x, pad, value), want), pad
+    ints = torch.tensor([[1, 2], [3, 4]])
+    assert torch.equal(on_tpu(torch.constant_pad_nd, ints, (1, 1), 7), torch.constant_pad_nd(ints, (1, 1), 7))
+    flags = torch.tensor([True, False])
+    assert torch.equal(on_tpu(torch.constant_pad_nd, flags, (2, 0), True), torch.constant_pad_nd(flags, (2, 0), True))
+    empty = torch.randn(0, 3, 3)
+    assert torch.equal(on_tpu(torch.constant_pad_nd, empty, (1, 2), 1.0), torch.constant_pad_nd(empty, (1, 2), 1.0))

@@ -238,6 +238,41 @@ def replication_pad3d(self: ET, padding: Any) -> ET:
     return _pad(self, padding, 3, _replicate)
 
 
+@lower("constant_pad_nd.default")
+def constant_pad_nd(self: ET, pad: Any, value: Any = 0) -> ET:
+    """Pairs (before, after) from the last axis: a negative one crops by a
+    slice, a positive one adds a block of `value` by concatenation. An input
+    with no elements pads to a constant."""
+    pad = [int(p) for p in pad]
+    rank = len(self.shape)
+    if len(pad) % 2 or len(pad) // 2 > rank or isinstance(value, complex):
+        raise Unsupported("padding arguments PyTorch rejects")
+    shape = list(self.shape)
+    for i in range(len(pad) // 2):
+        shape[rank - 1 - i] += pad[2 * i] + pad[2 * i + 1]
+    if any(n < 0 for n in shape):
+        raise Unsupported("padding to a negative size")
+    fill = float(value)
+    if math.prod(self.shape) == 0 or math.prod(shape) == 0:
+        return eng().full(fill, shape, self.dtype)
+    x = self
+    for i in range(len(pad) // 2):
+        axis = rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        n = x.shape[axis]
+        x = x.slice(axis, max(0, -before), n - max(0, -after), 1) if before < 0 or after < 0 else x
+        parts = []
+        for width in (before, None, after):
+            if width is None:
+                parts.append(x)
+            elif width > 0:
+                block = list(x.shape)
+                block[axis] = width
+                parts.append(eng().full(fill, block, self.dtype))
+        x = parts[0] if len(parts) == 1 else eng().cat(parts, axis)
+    return x
+
+
 # ---- nearest upsampling -------------------------------------------------------------
 
 
