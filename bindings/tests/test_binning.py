@@ -234,3 +234,18 @@ def test_constant_pad_nd(mode, no_fallback):
     assert torch.equal(on_tpu(torch.constant_pad_nd, flags, (2, 0), True), torch.constant_pad_nd(flags, (2, 0), True))
     empty = torch.randn(0, 3, 3)
     assert torch.equal(on_tpu(torch.constant_pad_nd, empty, (1, 2), 1.0), torch.constant_pad_nd(empty, (1, 2), 1.0))
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_linear_and_cubic_upsampling(mode, no_fallback, align_corners):
+    x = torch.randn(2, 3, 5, 4, 6)
+    cases = [("linear", x[:, :, 0, 0], dict(size=11)), ("linear", x[:, :, 0, 0], dict(scale_factor=0.5)),
+             ("linear", x[:, :, 0, 0], dict(size=1)), ("bilinear", x[:, :, 0], dict(size=(9, 3))),
+             ("bilinear", x[:, :, 0], dict(scale_factor=(1.7, 2.0))), ("trilinear", x, dict(size=(4, 8, 7))),
+             ("bicubic", x[:, :, 0], dict(size=(10, 5))), ("bicubic", x[:, :, 0], dict(scale_factor=(0.6, 3.0))),
+             ("linear", torch.randn(1, 2, 90), dict(size=200))]  # many runs: the one-hot lookups
+    for interp, t, kw in cases:
+        want = F.interpolate(t, mode=interp, align_corners=align_corners, **kw)
+        got = on_tpu(F.interpolate, t, mode=interp, align_corners=align_corners, **kw)
+        # float32 weights worked out in double here and in float32 by PyTorch, summed in another order
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

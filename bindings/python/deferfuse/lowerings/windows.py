@@ -385,3 +385,110 @@ def _zero_pad(x: ET, axis: int, p: int) -> ET:
     shape[axis] = p
     zeros = eng().full(0.0, shape, x.dtype)
     return eng().cat([zeros, x, zeros], axis)
+
+
+# ---- linear and cubic upsampling ------------------------------------------------------
+
+
+def _source_coordinate(n_in: int, n_out: int, scale: float | None, align_corners: bool, cubic: bool) -> list[float]:
+    """PyTorch's float32 source coordinate of every output position
+    (area_pixel_compute_scale / area_pixel_compute_source_index)."""
+    import numpy as np
+
+    f = np.float32
+    if align_corners:
+        ratio = f(n_in - 1) / f(n_out - 1) if n_out > 1 else f(0.0)
+        return [float(ratio * f(k)) for k in range(n_out)]
+    ratio = f(1.0 / scale) if scale is not None and scale > 0 else f(n_in) / f(n_out)
+    coords = [ratio * (f(k) + f(0.5)) - f(0.5) for k in range(n_out)]
+    return [float(c) if cubic else max(float(c), 0.0) for c in coords]
+
+
+def _weights(values: list[float], shape: list[int]) -> ET:
+    import torch
+
+    from .._handles import from_cpu_value
+
+    return from_cpu_value(torch.tensor(values, dtype=torch.float32).reshape(shape))
+
+
+def _linear_axis(x: ET, axis: int, n_out: int, scale: float | None, align_corners: bool) -> ET:
+    """Two neighbours per output position, weighted by their distance; the
+    positions and weights are worked out in Python (shapes are static)."""
+    n_in = x.shape[axis]
+    i0, i1, w0, w1 = [], [], [], []
+    for c in _source_coordinate(n_in, n_out, scale, align_corners, False):
+        lo = min(int(c), n_in - 1)
+        lam = min(max(c - lo, 0.0), 1.0)
+        i0.append(lo)
+        i1.append(lo + (1 if lo < n_in - 1 else 0))
+        w0.append(1.0 - lam)
+        w1.append(lam)
+    shape = [1] * len(x.shape)
+    shape[axis] = n_out
+    return _take(x, axis, i0).binary("mul", _weights(w0, shape)).binary(
+        "add", _take(x, axis, i1).binary("mul", _weights(w1, shape)))
+
+
+def _cubic_axis(x: ET, axis: int, n_out: int, scale: float | None, align_corners: bool) -> ET:
+    """Keys' cubic convolution (A = -0.75) over four neighbours, clamped at
+    the borders, as PyTorch's upsample_bicubic2d."""
+    a = -0.75
+    n_in = x.shape[axis]
+    taps: list[list[int]] = [[], [], [], []]
+    weights: list[list[float]] = [[], [], [], []]
+    for c in _source_coordinate(n_in, n_out, scale, align_corners, True):
+        lo = math.floor(c)
+        t = c - lo
+        ws = [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+              ((a + 2) * t - (a + 3)) * t * t + 1,
+              ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+              ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+        for k in range(4):
+            taps[k].append(min(max(lo - 1 + k, 0), n_in - 1))
+            weights[k].append(ws[k])
+    shape = [1] * len(x.shape)
+    shape[axis] = n_out
+    out = None
+    for k in range(4):
+        term = _take(x, axis, taps[k]).binary("mul", _weights(weights[k], shape))
+        out = term if out is None else out.binary("add", term)
+    return out
+
+
+def _interpolate(self: ET, output_size: Any, align_corners: bool, scales: list[Any], axis_fn: Any) -> ET:
+    spatial = len(scales)
+    if len(self.shape) != spatial + 2 or len(output_size) != spatial or math.prod(self.shape) == 0 \
+            or self.dtype != "f32":
+        # bfloat16 / half: PyTorch rounds its intermediate sums its own way (measured: they differ).
+        raise Unsupported("interpolation arguments PyTorch rejects, an empty input or a dtype other than float32")
+    x = self
+    for i in range(spatial):
+        n_out = int(output_size[i])
+        if n_out <= 0:
+            raise Unsupported("an empty output")
+        x = axis_fn(x, 2 + i, n_out, scales[i], bool(align_corners))
+    return x
+
+
+@lower("upsample_linear1d.default")
+def upsample_linear1d(self: ET, output_size: Any, align_corners: bool, scales: float | None = None) -> ET:
+    return _interpolate(self, output_size, align_corners, [scales], _linear_axis)
+
+
+@lower("upsample_bilinear2d.default")
+def upsample_bilinear2d(self: ET, output_size: Any, align_corners: bool, scales_h: float | None = None,
+                        scales_w: float | None = None) -> ET:
+    return _interpolate(self, output_size, align_corners, [scales_h, scales_w], _linear_axis)
+
+
+@lower("upsample_trilinear3d.default")
+def upsample_trilinear3d(self: ET, output_size: Any, align_corners: bool, scales_d: float | None = None,
+                         scales_h: float | None = None, scales_w: float | None = None) -> ET:
+    return _interpolate(self, output_size, align_corners, [scales_d, scales_h, scales_w], _linear_axis)
+
+
+@lower("upsample_bicubic2d.default")
+def upsample_bicubic2d(self: ET, output_size: Any, align_corners: bool, scales_h: float | None = None,
+                       scales_w: float | None = None) -> ET:
+    return _interpolate(self, output_size, align_corners, [scales_h, scales_w], _cubic_axis)
