@@ -97,7 +97,8 @@ def _outer_from_data(col: ET, widen: float) -> tuple[ET, ET, ET]:
     by `widen` on both sides when they are equal, as PyTorch does."""
     lo = col.reduce("min", [0], False).reshape([1])
     hi = col.reduce("max", [0], False).reshape([1])
-    # min / max skip NaN on the engine? PyTorch's propagate it: NaN anywhere makes the range non-finite.
+    # PyTorch's aminmax propagates NaN, which makes the range non-finite: look for it explicitly
+    # rather than rely on how the engine's min / max treat NaN.
     nan_seen = col.binary("ne", col).cast("i32").reduce("max", [0], False).reshape([1]).cast("bool")
     same = lo.binary("eq", hi)
     lo = same.where_(lo.binary("sub", widen), lo)
@@ -230,6 +231,7 @@ def histc(self: ET, bins: int = 100, min: Any = 0, max: Any = 0) -> ET:
             raise Unsupported("non-positive bin counts")
         col = x.reshape([x.shape[0]])
         left, right, finite = _outer_from_data(col, 1.0)
+        # histc never looks at the inner edges: a placeholder carries the bin count.
         return _histogramdd(x, [eng().full(0.0, [bins + 1], "f32")], [(left, right)], "histc", None, False, finite)
     if lo == hi:
         lo, hi = lo - 1.0, hi + 1.0

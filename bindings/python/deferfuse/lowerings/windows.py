@@ -109,7 +109,10 @@ def flip(self: ET, dims: Any) -> ET:
     if len(self.shape) == 0:
         return self
     rank = len(self.shape)
-    axes = sorted({d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])})
+    listed = [d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    if len(set(listed)) != len(listed):
+        raise Unsupported("repeated dims (PyTorch raises)")
+    axes = sorted(listed)
     x = self
     for axis in axes:
         x = _reverse_axis(x, axis)
