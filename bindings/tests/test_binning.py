@@ -249,3 +249,11 @@ def test_linear_and_cubic_upsampling(mode, no_fallback, align_corners):
         got = on_tpu(F.interpolate, t, mode=interp, align_corners=align_corners, **kw)
         # float32 weights worked out in double here and in float32 by PyTorch, summed in another order
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_histogram_many_edges_stays_right(nan_mode):
+    """Past MAX_EDGES the search goes to the CPU: defer_and_fuse got masked
+    sums over rows of 8193 wrong inside the search loop (an engine bug)."""
+    x, edges = torch.rand(2), torch.linspace(0, 1, 8193)
+    want, got = torch.histogram(x, edges), on_tpu(torch.histogram, x, edges)
+    assert torch.equal(got[0], want[0])
