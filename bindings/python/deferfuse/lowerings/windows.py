@@ -41,11 +41,14 @@ def _moments(self: ET, dim: Any, correction: Any, keepdim: bool) -> tuple[ET, ET
         shape = [1 if a in axes else s for a, s in enumerate(x.shape) if keepdim or a not in axes]
         nan = eng().full(float("nan"), shape, x.dtype)
         return nan, nan
-    mean = x.reduce("mean", axes, True)
-    centered = x.binary("sub", mean)
+    # bfloat16 / half accumulate in float32 and round once, as PyTorch's CPU kernel does.
+    wide = x.cast("f32") if x.dtype != "f32" else x
+    mean = wide.reduce("mean", axes, True)
+    centered = wide.binary("sub", mean)
     squares = centered.binary("mul", centered).reduce("sum", axes, keepdim)
     var = squares.binary("div", max(0.0, n - c))
-    return var, mean if keepdim else mean.reshape(list(var.shape))
+    mean = mean if keepdim else mean.reshape(list(var.shape))
+    return var.cast(x.dtype), mean.cast(x.dtype)
 
 
 @lower("var_mean.correction")
