@@ -6,7 +6,20 @@ does not handle, and the op then runs through the CPU fallback.
 One module per family; importing them fills `LOWERINGS`.
 """
 
-from . import elementwise, factories, householder, linalg, lookups, matmul, nn, reductions, search, sorting  # noqa: F401  (they register)
+from . import (  # noqa: F401  (they register)
+    binning,
+    elementwise,
+    factories,
+    householder,
+    linalg,
+    lookups,
+    matmul,
+    nn,
+    reductions,
+    search,
+    sorting,
+    windows,
+)
 from ._registry import LOWERINGS, Unsupported
 from .matmul import convolution
 
