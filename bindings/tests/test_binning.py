@@ -251,9 +251,9 @@ def test_linear_and_cubic_upsampling(mode, no_fallback, align_corners):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_histogram_many_edges_stays_right(nan_mode):
-    """Past MAX_EDGES the search goes to the CPU: defer_and_fuse got masked
-    sums over rows of 8193 wrong inside the search loop (an engine bug)."""
+def test_histogram_many_edges_stays_right(nan_mode, no_fallback):
+    """Searches over more edges than a fused kernel's tile (8192) walk their
+    rows in chunks (defer_and_fuse once got these wrong)."""
     x, edges = torch.rand(2), torch.linspace(0, 1, 8193)
     want, got = torch.histogram(x, edges), on_tpu(torch.histogram, x, edges)
     assert torch.equal(got[0], want[0])

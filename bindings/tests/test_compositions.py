@@ -166,3 +166,13 @@ def test_any_and_all_over_no_elements(nan_mode, no_fallback):
             if x.dim():
                 for dim in range(-x.dim(), x.dim()):
                     assert torch.equal(on_tpu(reduce, x, dim, keepdim=True), reduce(x, dim, keepdim=True))
+
+
+@pytest.mark.parametrize("n", [8192, 8193, 9000])
+def test_searchsorted_over_rows_longer_than_a_tile(nan_mode, no_fallback, n):
+    # Rows over 8192 elements run in chunks in fused kernels; the per-row
+    # search bounds read after each lookup's sum were overwritten (off by one).
+    torch.manual_seed(0)
+    seq, values = torch.linspace(0, 1, n), torch.rand(5)
+    for right in (False, True):
+        assert torch.equal(on_tpu(torch.searchsorted, seq, values, right=right), torch.searchsorted(seq, values, right=right))

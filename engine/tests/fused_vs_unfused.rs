@@ -71,9 +71,9 @@ fn reductions_over_empty_rows_feed_the_rest_of_the_kernel() {
 fn long_rows_keep_row_values_read_after_their_reduction() {
     // Rows longer than a tile are walked in chunks, and the reduction and
     // what reads it run after the last chunk: per-row values computed before
-    // the reduction (lo < hi, mid + 1) must still be there then. This is one
-    // step of the binding's binary search (searchsorted over 9000 entries was
-    // off by one before slots were allocated in the chunked order).
+    // the reduction (lo < hi, mid + 1) must still be there then. A binary
+    // search like the binding's searchsorted (whose plan, with its kernel
+    // cuts, bindings/tests/test_compositions.py checks at 9000 entries).
     use deferfuse::{Config, Context, DType, Mode};
     let n = 9000usize;
     let run = |mode| -> Vec<f32> {

@@ -40,12 +40,6 @@ from .._handles import from_cpu_value
 from ._registry import Unsupported, eng, lower
 from .lookups import ONE_HOT_LIMIT
 
-#: At most this many edges to search: masked sums over longer rows in a loop of
-#: dependent lookups come out wrong in defer_and_fuse (an engine bug, seen
-#: with 8193 edges and two elements; strict is right).
-MAX_EDGES = 8192
-
-
 def _check_input(x: ET, weight: ET | None) -> None:
     if not isinstance(x, ET) or x.dtype != "f32":
         raise Unsupported("histograms of dtypes other than float32")
@@ -150,8 +144,6 @@ def _histogramdd(x: ET, edges: list[ET], outer: list[tuple[ET, ET]], how: str, w
     n, d = x.shape
     bins = [e.shape[0] - 1 for e in edges]
     total = math.prod(bins)
-    if how == "search" and any(e.shape[0] > MAX_EDGES for e in edges):
-        raise Unsupported("more edges than the engine's masked sums handle")
     if n * total > ONE_HOT_LIMIT or n * max(e.shape[0] for e in edges) > ONE_HOT_LIMIT:
         raise Unsupported("a histogram too large for a one-hot count")
     keep = eng().full(1.0, [n], "bool")
