@@ -378,3 +378,177 @@ def gelu_backward(grad_output: ET, self: ET, approximate: str = "none") -> ET:
     safe = x.binary("eq", 0).where_(1.0, x)
     cdf = x.binary("eq", 0).where_(0.5, x.unary("gelu").binary("div", safe))
     return grad_output.binary("mul", cdf.binary("add", x.binary("mul", pdf)))
+
+
+# ---- sign bits, NaN-aware extremes, hypot, atan2, logit, rounding -------------
+
+
+def _in_f32(fn: Callable[..., ET]) -> Callable[..., ET]:
+    """Runs a composition in f32 and rounds once to the operands' float dtype,
+    as PyTorch's bf16/f16 kernels compute in float (opmath)."""
+
+    def run(*args: Any, **kwargs: Any) -> ET:
+        floats = [a.dtype for a in args if isinstance(a, ET) and is_float(a)]
+        out_dtype = "f32" if not floats or "f32" in floats else floats[0]
+        widened = [a.cast("f32") if isinstance(a, ET) and a.dtype in ("bf16", "f16") else a for a in args]
+        out = fn(*widened, **kwargs)
+        return out.cast(out_dtype) if out.dtype != out_dtype else out
+
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def _neg_sign(x: ET) -> ET:
+    """The sign bit of a float: x < 0, or x is -0.0 (whose reciprocal is
+    -inf; only zeros take that reciprocal). The engine cannot read a NaN's
+    sign bit: NaN counts as positive, as the NaN literals PyTorch makes are."""
+    zero = x.binary("eq", 0.0)
+    negative_zero = zero.where_(x, 1.0).unary("reciprocal").binary("lt", 0.0).binary("logical_and", zero)
+    return x.binary("lt", 0.0).binary("logical_or", negative_zero)
+
+
+@lower("signbit.default")
+def signbit(self: ET) -> ET:
+    if self.dtype == "bool":
+        return eng().full(0.0, list(self.shape), "bool")
+    return _neg_sign(self) if is_float(self) else self.binary("lt", 0)
+
+
+@lower("bitwise_not.default")
+def bitwise_not(self: ET) -> ET:
+    """Logical not on bools; on two's complement integers ~x == -x - 1."""
+    if self.dtype == "bool":
+        return self.unary("logical_not")
+    if self.dtype not in ("i32", "i64"):
+        raise Unsupported("bitwise_not of a float")
+    return self.unary("neg").binary("sub", 1)
+
+
+@lower("copysign.Tensor", "copysign.Scalar")
+@_in_f32
+def copysign(self: Any, other: Any) -> ET:
+    need_tensor(self)
+    x = self if is_float(self) else self.cast("f32")
+    if isinstance(other, ET):
+        negative = _neg_sign(other.cast("f32") if not is_float(other) else other)
+    else:
+        negative = math.copysign(1.0, float(other)) < 0
+        if not isinstance(negative, bool) or math.isnan(float(other)):
+            raise Unsupported("copysign with a NaN scalar")
+        return x.unary("abs").unary("neg") if negative else x.unary("abs")
+    magnitude = x.unary("abs")
+    return negative.where_(magnitude.unary("neg"), magnitude)
+
+
+def _nan_aware(name: str) -> Callable[..., ET]:
+    """fmax / fmin: the maximum / minimum, and the other operand where one
+    of them is NaN."""
+
+    def run(self: ET, other: ET) -> ET:
+        need_tensor(self, other)
+        both = self.binary(name, other)
+        if not (is_float(self) or is_float(other)):
+            return both
+        return self.binary("ne", self).where_(other, other.binary("ne", other).where_(self, both))
+
+    return run
+
+
+LOWERINGS["fmax.default"] = _nan_aware("maximum")
+LOWERINGS["fmin.default"] = _nan_aware("minimum")
+
+
+@lower("hypot.default")
+@_in_f32
+def hypot(self: ET, other: ET) -> ET:
+    """sqrt(a^2 + b^2) without overflow: m * sqrt(1 + (n/m)^2) with m, n the
+    larger and smaller magnitude; infinite where either is (even beside a
+    NaN, as C's hypot)."""
+    need_tensor(self, other)
+    a, b = self.unary("abs"), other.unary("abs")
+    big, small = a.binary("maximum", b), a.binary("minimum", b)
+    plain = big.binary("eq", 0.0).binary("logical_or", big.binary("eq", float("inf")))
+    safe = plain.where_(1.0, big)
+    ratio = plain.where_(0.0, small.binary("div", safe))
+    general = big.binary("mul", ratio.binary("mul", ratio).binary("add", 1.0).unary("sqrt"))
+    infinite = a.binary("eq", float("inf")).binary("logical_or", b.binary("eq", float("inf")))
+    return infinite.where_(float("inf"), general)
+
+
+_SQRT3 = math.sqrt(3.0)
+
+
+def _atan_unit(t: ET) -> ET:
+    """atan(t) for t in [0, 1]: above tan(pi/12), atan(t) = pi/6 + atan(u) with
+    u = (t - 1/sqrt3) / (1 + t/sqrt3), so |u| <= tan(pi/12) = 0.268; then the
+    odd Taylor series to u^19 (next term < 0.268^21/21 ~ 5e-14, far below f32
+    rounding)."""
+    shift = t.binary("gt", 2.0 - _SQRT3)
+    u = shift.where_(t.binary("sub", 1.0 / _SQRT3).binary("div", t.binary("div", _SQRT3).binary("add", 1.0)), t)
+    u2 = u.binary("mul", u)
+    acc = None
+    for k in range(19, 0, -2):  # Horner in u^2 on the coefficients (-1)^j / (2j+1)
+        c = (1.0 if (k // 2) % 2 == 0 else -1.0) / k
+        acc = eng().full(c, [], u.dtype) if acc is None else acc.binary("mul", u2).binary("add", c)
+    return shift.where_(u.binary("mul", acc).binary("add", math.pi / 6), u.binary("mul", acc))
+
+
+@lower("atan2.default")
+@_in_f32
+def atan2(self: ET, other: ET) -> ET:
+    """atan2(y, x) from atan on [0, 1] of min/max of |y|, |x| and quadrant
+    fix-ups, with C's signed-zero and infinity rules."""
+    need_tensor(self, other)
+    y = self if is_float(self) else self.cast("f32")
+    x = other if is_float(other) else other.cast("f32")
+    ay, ax = y.unary("abs"), x.unary("abs")
+    big, small = ax.binary("maximum", ay), ax.binary("minimum", ay)
+    both_inf = ax.binary("eq", float("inf")).binary("logical_and", ay.binary("eq", float("inf")))
+    degenerate = big.binary("eq", 0.0).binary("logical_or", both_inf)
+    t = degenerate.where_(both_inf.where_(1.0, 0.0), small.binary("div", degenerate.where_(1.0, big)))
+    base = _atan_unit(t)  # angle of (max, min) in [0, pi/4]
+    angle = ay.binary("gt", ax).where_(base.unary("neg").binary("add", math.pi / 2), base)
+    angle = _neg_sign(x).where_(angle.unary("neg").binary("add", math.pi), angle)
+    out = _neg_sign(y).where_(angle.unary("neg"), angle)
+    nan = y.binary("ne", y).binary("logical_or", x.binary("ne", x))
+    return nan.where_(float("nan"), out)
+
+
+@lower("logit.default")
+@_in_f32
+def logit(self: ET, eps: float | None = None) -> ET:
+    x = self if is_float(self) else self.cast("f32")
+    if eps is not None and eps >= 0:
+        # PyTorch's order of tests (it matters when eps > 0.5); NaN stays NaN.
+        lo, hi = float(eps), 1.0 - float(eps)
+        x = x.binary("lt", lo).where_(lo, x.binary("gt", hi).where_(hi, x))
+    return x.binary("div", x.unary("neg").binary("add", 1.0)).unary("log")
+
+
+def _round_even(x: ET) -> ET:
+    """Round half to even (nearbyint): floor, plus one above a half, and on
+    a tie towards the even neighbour."""
+    f = x.unary("floor")
+    d = x.binary("sub", f)
+    odd = f.binary("sub", f.binary("mul", 0.5).unary("floor").binary("mul", 2.0)).binary("ne", 0.0)
+    up = d.binary("gt", 0.5).binary("logical_or", d.binary("eq", 0.5).binary("logical_and", odd))
+    return up.where_(f.binary("add", 1.0), f)
+
+
+@lower("round.default")
+def round_(self: ET) -> ET:
+    return _round_even(self) if is_float(self) else self
+
+
+@lower("round.decimals")
+def round_decimals(self: ET, *, decimals: int = 0) -> ET:
+    """PyTorch's formula in the tensor's dtype: nearbyint(x * 10^d) / 10^d, or
+    nearbyint(x / 10^-d) * 10^-d for negative d."""
+    if not is_float(self):
+        raise Unsupported("round with decimals on integers")
+    if decimals == 0:
+        return _round_even(self)
+    scale = float(10.0 ** abs(decimals))
+    if decimals > 0:
+        return _round_even(self.binary("mul", scale)).binary("div", scale)
+    return _round_even(self.binary("div", scale)).binary("mul", scale)

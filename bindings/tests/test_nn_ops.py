@@ -1,0 +1,121 @@
+"""nn and indexing ops composed from engine ops (lowerings/elementwise.py,
+nn.py, pooling.py, scatter.py): each against CPU eager, including NaN, signed
+zeros, infinities, ties and duplicate indices, and each without the CPU
+fallback."""
+
+import math
+
+import pytest
+import torch
+
+import deferfuse
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def nan_mode(request):
+    """The modes without Debug's NaN/Inf check (these tests make NaN and Inf on purpose)."""
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    before = deferfuse.fallback_counts()
+    yield
+    used = deferfuse.fallback_counts() - before
+    assert not used, f"fell back to the CPU: {dict(used)}"
+
+
+def on_tpu(fn, *args, **kwargs):
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = fn(*moved, **kw)
+    if isinstance(out, (tuple, list)):
+        return type(out)(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
+    return out.cpu() if isinstance(out, torch.Tensor) else out
+
+
+INF, NAN = float("inf"), float("nan")
+SPECIAL = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 3.5, 0.5, -0.5, 1e-30, 1e30, -1e30, INF, -INF, NAN, 1e-3])
+
+
+def pairs():
+    a = SPECIAL.repeat_interleave(len(SPECIAL))
+    b = SPECIAL.repeat(len(SPECIAL))
+    return a, b
+
+
+# ---- elementwise --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", [torch.copysign, torch.fmax, torch.fmin, torch.hypot])
+def test_exact_binary_ops(nan_mode, no_fallback, op):
+    a, b = pairs()
+    want, got = op(a, b), on_tpu(op, a, b)
+    # hypot: m * sqrt(1 + r^2) rounds at most a few ulp from C's hypot.
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0, equal_nan=True)
+    if op is not torch.hypot:
+        assert torch.equal(torch.signbit(got[~got.isnan()]), torch.signbit(want[~want.isnan()]))
+
+
+def test_copysign_scalar_and_integers(nan_mode, no_fallback):
+    x = torch.tensor([1.5, -2.0, 0.0, -0.0, INF])
+    for other in (-1.0, 2.0, -0.0, 0.0):
+        assert torch.equal(torch.signbit(on_tpu(torch.copysign, x, other)), torch.signbit(torch.copysign(x, other)))
+    i = torch.tensor([3, -4, 0])
+    assert torch.equal(on_tpu(torch.copysign, i, torch.tensor([-1, 1, -1])), torch.copysign(i, torch.tensor([-1, 1, -1])))
+
+
+def test_atan2_quadrants_zeros_and_infinities(nan_mode, no_fallback):
+    a, b = pairs()
+    want, got = torch.atan2(a, b), on_tpu(torch.atan2, a, b)
+    torch.testing.assert_close(got, want, rtol=2e-7, atol=1e-7, equal_nan=True)
+    assert torch.equal(torch.signbit(got[want == 0]), torch.signbit(want[want == 0]))
+    y, x = torch.randn(1000) * 10, torch.randn(1000) * 10
+    torch.testing.assert_close(on_tpu(torch.atan2, y, x), torch.atan2(y, x), rtol=1e-6, atol=1e-7)
+    yb, xb = y.bfloat16(), x.bfloat16()
+    got = on_tpu(torch.atan2, yb, xb)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, torch.atan2(yb, xb), rtol=1e-2, atol=1e-2)
+
+
+def test_signbit_bitwise_not(nan_mode, no_fallback):
+    assert torch.equal(on_tpu(torch.signbit, SPECIAL[:-2]), torch.signbit(SPECIAL[:-2]))
+    for t in (torch.tensor([0, 5, -7, 2**31 - 1], dtype=torch.int32), torch.tensor([0, -1, 2**40]),
+              torch.tensor([True, False])):
+        assert torch.equal(on_tpu(torch.bitwise_not, t), torch.bitwise_not(t))
+        assert torch.equal(on_tpu(torch.signbit, t), torch.signbit(t))
+
+
+@pytest.mark.parametrize("eps", [None, 0.0, 1e-6, 0.2, 0.7])
+def test_logit(nan_mode, no_fallback, eps):
+    x = torch.tensor([0.0, 1.0, 0.5, 0.25, 1e-7, 0.9999, -0.5, 1.5, NAN, 0.65])
+    torch.testing.assert_close(on_tpu(torch.logit, x, eps), torch.logit(x, eps), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("decimals", [0, 1, 2, -1, -2])
+def test_round_half_to_even(nan_mode, no_fallback, decimals):
+    x = torch.cat([torch.arange(-6, 6) + 0.5, torch.tensor([0.125, 2.675, 1234.5678, -0.0, 8388609.0, INF, NAN]),
+                   torch.randn(200) * 100])
+    want = torch.round(x, decimals=decimals)
+    got = on_tpu(torch.round, x, decimals=decimals)
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), (x[got != want], got[got != want], want[got != want])
+
+
+# ---- losses -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_nll_loss_one_sample_and_bce(nan_mode, no_fallback, reduction):
+    scores = torch.randn(5).log_softmax(0)
+    for target, w in ((torch.tensor(3), None), (torch.tensor(1), torch.rand(5)), (torch.tensor(-100), None)):
+        want = torch.nn.functional.nll_loss(scores, target, w, reduction=reduction)
+        torch.testing.assert_close(on_tpu(torch.nn.functional.nll_loss, scores, target, w, reduction=reduction), want,
+                                   equal_nan=True)
+    x = torch.tensor([0.0, 1.0, 0.3, 1e-8, 0.999999, 0.5])
+    t = torch.tensor([0.0, 1.0, 0.7, 1.0, 0.0, 0.5])
+    w = torch.rand(6)
+    for weight in (None, w):
+        want = torch.nn.functional.binary_cross_entropy(x, t, weight, reduction=reduction)
+        got = on_tpu(torch.nn.functional.binary_cross_entropy, x, t, weight, reduction=reduction)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
