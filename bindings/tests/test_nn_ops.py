@@ -119,3 +119,106 @@ def test_nll_loss_one_sample_and_bce(nan_mode, no_fallback, reduction):
         want = torch.nn.functional.binary_cross_entropy(x, t, weight, reduction=reduction)
         got = on_tpu(torch.nn.functional.binary_cross_entropy, x, t, weight, reduction=reduction)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- scatters and index writes --------------------------------------------------
+
+
+def _dup_index(shape, n, dim):
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(-n, n, shape, generator=g)  # negatives wrap; many repeats
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_scatter_reduce_with_repeats_and_nan(nan_mode, no_fallback, reduce, include_self, dim):
+    x = torch.randn(4, 5)
+    src = torch.randn(6, 7)
+    src[1, 2] = NAN
+    index = _dup_index((3, 4), 5 if dim == -1 else 4, dim).clamp(min=0)
+    want = x.scatter_reduce(dim, index, src, reduce, include_self=include_self)
+    got = on_tpu(torch.Tensor.scatter_reduce, x, dim, index, src, reduce, include_self=include_self)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    ints = torch.randint(-5, 5, (4, 5))
+    if reduce != "mean":
+        w = ints.scatter_reduce(dim, index, ints[:3, :4] * 3, reduce, include_self=include_self)
+        assert torch.equal(on_tpu(torch.Tensor.scatter_reduce, ints, dim, index, ints[:3, :4] * 3, reduce,
+                                  include_self=include_self), w)
+
+
+def test_scatter_last_write_value_and_legacy_reduce(nan_mode, no_fallback):
+    x = torch.randn(3, 6)
+    index = torch.tensor([[0, 0, 2, 2, 0], [5, 1, 5, 5, 1]])
+    src = torch.randn(2, 5)
+    assert torch.equal(on_tpu(torch.scatter, x, 1, index, src), torch.scatter(x, 1, index, src))  # last write wins
+    assert torch.equal(on_tpu(torch.scatter, x, 1, index, 2.5), torch.scatter(x, 1, index, 2.5))
+    for reduce in ("add", "multiply"):
+        torch.testing.assert_close(on_tpu(torch.scatter, x, 1, index, src, reduce=reduce),
+                                   torch.scatter(x, 1, index, src, reduce=reduce))
+    torch.testing.assert_close(on_tpu(torch.scatter_add, x, 0, index[:, :3] % 3, src), torch.scatter_add(x, 0, index[:, :3] % 3, src))
+    s = torch.tensor(1.5)
+    assert torch.equal(on_tpu(torch.scatter, s, 0, torch.tensor(0), torch.tensor(4.0)), torch.scatter(s, 0, torch.tensor(0), torch.tensor(4.0)))
+    e = torch.empty(0, 6, dtype=torch.long)
+    assert torch.equal(on_tpu(torch.scatter_add, x, 1, e, src), x)
+    t = x.to("tpu")
+    t.scatter_(1, index.to("tpu"), src.to("tpu"))
+    assert torch.equal(t.cpu(), x.clone().scatter_(1, index, src))
+
+
+def test_index_ops(nan_mode, no_fallback):
+    x = torch.randn(5, 4)
+    index = torch.tensor([4, 0, 4, -1 + 5, 2])
+    source = torch.randn(5, 4)
+    torch.testing.assert_close(on_tpu(torch.index_add, x, 0, index, source, alpha=2.0), torch.index_add(x, 0, index, source, alpha=2.0))
+    for reduce in ("prod", "mean", "amax", "amin"):
+        for include_self in (True, False):
+            torch.testing.assert_close(on_tpu(torch.index_reduce, x, 0, index, source, reduce, include_self=include_self),
+                                       torch.index_reduce(x, 0, index, source, reduce, include_self=include_self))
+    unique = torch.tensor([3, 0, 1])
+    assert torch.equal(on_tpu(torch.index_copy, x, -1, unique, source[:, :3]), torch.index_copy(x, -1, unique, source[:, :3]))
+    assert torch.equal(on_tpu(torch.index_fill, x, 1, torch.tensor([-1, 0, 0]), NAN).isnan(), torch.index_fill(x, 1, torch.tensor([-1, 0, 0]), NAN).isnan())
+    t = x.to("tpu")
+    t.index_fill_(0, torch.tensor([1]).to("tpu"), -3.0)
+    assert torch.equal(t.cpu(), x.clone().index_fill_(0, torch.tensor([1]), -3.0))
+
+
+def test_put_take(nan_mode, no_fallback):
+    x = torch.randn(3, 4)
+    index = torch.tensor([[0, -1], [5, 0], [11, 5]])
+    source = torch.randn(3, 2)
+    for accumulate in (False, True):
+        torch.testing.assert_close(on_tpu(torch.Tensor.put, x, index, source, accumulate),
+                                   x.put(index, source, accumulate))
+    assert torch.equal(on_tpu(torch.take, x, index), torch.take(x, index))
+    assert on_tpu(torch.take, x, torch.empty(0, 2, dtype=torch.long)).shape == (0, 2)
+
+
+@pytest.mark.parametrize("key", [
+    lambda i, j: (i,), lambda i, j: (slice(None), i), lambda i, j: (i, j), lambda i, j: (i, slice(None), j),
+    lambda i, j: (slice(None), i, j), lambda i, j: (Ellipsis, j), lambda i, j: (slice(1, 3), i.reshape(2, 2)),
+])
+def test_advanced_indexing(nan_mode, no_fallback, key):
+    x = torch.randn(3, 4, 4)
+    i, j = torch.tensor([0, -1, 2, 0]), torch.tensor([3, 1, -4, 3])
+    k = key(i % 3, j)
+    assert torch.equal(on_tpu(lambda t: t[tuple(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in k)], x), x[k])
+    v = torch.arange(float(x[k].numel())).reshape(x[k].shape)
+    for accumulate in (False, True):
+        want = x.index_put(tuple(a if isinstance(a, torch.Tensor) else None for a in k), v, accumulate) \
+            if all(isinstance(a, torch.Tensor) for a in k) else None
+        if want is not None:
+            got = on_tpu(lambda t, w: t.index_put(tuple(a.to("tpu") for a in k), w, accumulate), x, v)
+            torch.testing.assert_close(got, want)
+    t = x.to("tpu")
+    t[tuple(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in k)] = v.to("tpu")
+    y = x.clone()
+    y[k] = v
+    assert torch.equal(t.cpu(), y)
+
+
+def test_bool_mask_assignment(nan_mode, no_fallback):
+    x = torch.randn(4, 3)
+    t = x.to("tpu")
+    t[(x > 0).to("tpu")] = 0.0
+    assert torch.equal(t.cpu(), x.masked_fill(x > 0, 0.0))
