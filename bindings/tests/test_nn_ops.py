@@ -222,3 +222,47 @@ def test_bool_mask_assignment(nan_mode, no_fallback):
     t = x.to("tpu")
     t[(x > 0).to("tpu")] = 0.0
     assert torch.equal(t.cpu(), x.masked_fill(x > 0, 0.0))
+
+
+# ---- pooling --------------------------------------------------------------------
+
+
+F = torch.nn.functional
+
+
+@pytest.mark.parametrize("out", [(3, 5), (1, 1), (7, 4), (2, 7)])
+def test_adaptive_pools_2d(nan_mode, no_fallback, out):
+    x = torch.randn(2, 3, 7, 5)
+    torch.testing.assert_close(on_tpu(F.adaptive_avg_pool2d, x, out), F.adaptive_avg_pool2d(x, out), rtol=1e-5, atol=1e-6)
+    x[0, 0, 1, 1] = NAN
+    x[0, 0, 2, 2] = NAN  # the last NaN of a window is the index
+    x[1, 2] = 1.0  # ties: the first maximum
+    x[1, 1] = -INF
+    got, want = on_tpu(F.adaptive_max_pool2d, x, out, return_indices=True), F.adaptive_max_pool2d(x, out, return_indices=True)
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[0], want[0], equal_nan=True, rtol=0, atol=0)
+
+
+def test_adaptive_pools_3d_and_unbatched(nan_mode, no_fallback):
+    x = torch.randn(2, 5, 4, 6)
+    for out in ((2, 3, 4), (5, 1, 6)):
+        torch.testing.assert_close(on_tpu(F.adaptive_avg_pool3d, x, out), F.adaptive_avg_pool3d(x, out), rtol=1e-5, atol=1e-6)
+        got, want = on_tpu(F.adaptive_max_pool3d, x, out, return_indices=True), F.adaptive_max_pool3d(x, out, return_indices=True)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    empty = torch.randn(0, 2, 4, 4)
+    assert on_tpu(F.adaptive_avg_pool2d, empty, 2).shape == (0, 2, 2, 2)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("count_include_pad", [False, True])
+@pytest.mark.parametrize("divisor_override", [None, 3])
+def test_avg_pool(nan_mode, no_fallback, ceil_mode, count_include_pad, divisor_override):
+    x = torch.randn(2, 3, 8, 7)
+    for k, s, p in ((3, 2, 1), ((2, 3), (1, 2), (1, 0)), (2, None, 0), (3, 3, 1)):
+        want = F.avg_pool2d(x, k, s, p, ceil_mode, count_include_pad, divisor_override)
+        got = on_tpu(F.avg_pool2d, x, k, s, p, ceil_mode, count_include_pad, divisor_override)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    y = torch.randn(1, 5, 6, 7)
+    want = F.avg_pool3d(y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override)
+    torch.testing.assert_close(on_tpu(F.avg_pool3d, y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override), want,
+                               rtol=1e-5, atol=1e-6)

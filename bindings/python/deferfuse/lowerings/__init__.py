@@ -6,7 +6,7 @@ does not handle, and the op then runs through the CPU fallback.
 One module per family; importing them fills `LOWERINGS`.
 """
 
-from . import elementwise, factories, lookups, matmul, nn, reductions, scatter, search  # noqa: F401  (they register)
+from . import elementwise, factories, lookups, matmul, nn, pooling, reductions, scatter, search  # noqa: F401  (they register)
 from ._registry import LOWERINGS, Unsupported
 from .matmul import convolution
 

@@ -1,0 +1,184 @@
+"""Average and adaptive pooling as masked sums over constant window masks.
+
+Shapes are static, so each output's window along each spatial axis is known
+in Python: a bool matrix [out, in] per axis, uploaded once as a constant.
+Averages are separable (sum along one axis at a time, then divide by the
+divisor PyTorch uses for that cell); adaptive max pooling masks the whole
+plane at once, since its index needs both coordinates. Half-precision inputs
+are pooled in f32 and rounded once, as PyTorch's CPU kernels accumulate in
+float.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .._engine import Tensor as ET
+from ._registry import Unsupported, eng, is_float, lower
+from .lookups import ONE_HOT_LIMIT, _move_back, _move_last
+from .nn import _pool_param
+
+
+def const(t: torch.Tensor) -> ET:
+    """A CPU tensor computed in Python from static shapes, as an engine constant."""
+    from .._handles import from_cpu_value
+
+    return from_cpu_value(t)
+
+
+def _axis_mask(windows: list[tuple[int, int]], size: int) -> torch.Tensor:
+    """[out, in] bool: row i is true on [start_i, end_i)."""
+    mask = torch.zeros(len(windows), size, dtype=torch.bool)
+    for i, (start, end) in enumerate(windows):
+        mask[i, start:end] = True
+    return mask
+
+
+def _sum_windows(x: ET, axis: int, mask: torch.Tensor) -> ET:
+    """Sums `x` over each window of one axis: [..., in, ...] -> [..., out, ...]."""
+    out, size = mask.shape
+    moved = _move_last(x, axis)
+    if math.prod(moved.shape) * out > ONE_HOT_LIMIT:
+        raise Unsupported("pooling too large for masked sums")
+    rows = moved.reshape(list(moved.shape[:-1]) + [1, size])
+    summed = const(mask).where_(rows, eng().full(0.0, [], x.dtype)).reduce("sum", [-1], False)
+    return _move_back(summed, axis)
+
+
+def _check_input(x: ET, n: int) -> None:
+    if not is_float(x) or len(x.shape) not in (n + 1, n + 2) or 0 in x.shape[-n:]:
+        raise Unsupported("pooling of an integer tensor or empty planes")
+
+
+def _widen(x: ET) -> ET:
+    return x.cast("f32") if x.dtype in ("bf16", "f16") else x
+
+
+def _adaptive_windows(size: int, out: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive windows: [floor(i*in/out), ceil((i+1)*in/out))."""
+    return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
+
+
+def _adaptive_avg(x: ET, output_size: Any, n: int) -> ET:
+    _check_input(x, n)
+    outs = _pool_param(output_size, n, None)
+    if any(o is None or o <= 0 for o in outs):
+        raise Unsupported("adaptive pooling to an empty size")
+    rank = len(x.shape)
+    y = _widen(x)
+    divisor = torch.ones([1] * 0)
+    for k, (size, o) in enumerate(zip(x.shape[-n:], outs)):
+        windows = _adaptive_windows(size, o)
+        y = _sum_windows(y, rank - n + k, _axis_mask(windows, size))
+        lengths = torch.tensor([float(e - s) for s, e in windows])
+        divisor = lengths if k == 0 else divisor.reshape(list(divisor.shape) + [1]) * lengths
+    return y.binary("div", const(divisor.float())).cast(x.dtype)
+
+
+@lower("_adaptive_avg_pool2d.default")
+def adaptive_avg_pool2d(self: ET, output_size: Any) -> ET:
+    return _adaptive_avg(self, output_size, 2)
+
+
+@lower("_adaptive_avg_pool3d.default")
+def adaptive_avg_pool3d(self: ET, output_size: Any) -> ET:
+    if self.dtype in ("bf16", "f16"):
+        # PyTorch's 3-d kernel sums in the half type itself, rounding every
+        # addition; an f32 sum differs from it by an ulp now and then.
+        raise Unsupported("half-precision adaptive_avg_pool3d")
+    return _adaptive_avg(self, output_size, 3)
+
+
+def _adaptive_max(x: ET, output_size: Any, n: int) -> tuple[ET, ET]:
+    """Each window's maximum and its flat index in the input plane, with
+    PyTorch's CPU rule `val > max || isnan(val)` walked in row-major order:
+    the first of equal maxima, the last NaN."""
+    _check_input(x, n)
+    outs = _pool_param(output_size, n, None)
+    if any(o is None or o <= 0 for o in outs):
+        raise Unsupported("adaptive pooling to an empty size")
+    spatial = list(x.shape[-n:])
+    planes = list(x.shape[:-n])
+    cells, plane = math.prod(outs), math.prod(spatial)
+    if math.prod(planes) * cells * plane > ONE_HOT_LIMIT:
+        raise Unsupported("adaptive max pooling too large for masked sums")
+    mask = None
+    for size, o in zip(spatial, outs):
+        m = _axis_mask(_adaptive_windows(size, o), size)
+        mask = m if mask is None else (mask[:, None, :, None] & m[None, :, None, :]).reshape(mask.shape[0] * o, -1)
+    window = const(mask)  # [cells, plane]
+    values = x.reshape(planes + [1, plane])
+    low = float("-inf")
+    best = window.where_(values, low).reduce("max", [-1], False)  # NaN wins
+    where_at = const(torch.arange(plane, dtype=torch.int64))
+    is_nan = values.binary("ne", values)
+    last_nan = window.binary("logical_and", is_nan).where_(where_at, -1).reduce("max", [-1], False)
+    equal = window.binary("logical_and", values.binary("eq", best.reshape(planes + [cells, 1])))
+    first_max = equal.where_(where_at, plane).reduce("min", [-1], False)
+    index = best.binary("ne", best).where_(last_nan, first_max)
+    return best.reshape(planes + outs).cast(x.dtype), index.reshape(planes + outs)
+
+
+@lower("adaptive_max_pool2d.default")
+def adaptive_max_pool2d(self: ET, output_size: Any) -> tuple[ET, ET]:
+    return _adaptive_max(self, output_size, 2)
+
+
+@lower("adaptive_max_pool3d.default")
+def adaptive_max_pool3d(self: ET, output_size: Any) -> tuple[ET, ET]:
+    return _adaptive_max(self, output_size, 3)
+
+
+def _avg_windows(size: int, k: int, s: int, p: int, ceil_mode: bool, count_include_pad: bool) -> tuple[list[tuple[int, int]], list[float]]:
+    """PyTorch's avg_pool output size, each window clipped to the input, and
+    its divisor (the window clipped to the padded input, or the input)."""
+    if p > k // 2 or k <= 0 or s <= 0:
+        raise Unsupported("avg_pool arguments PyTorch rejects")
+    o = (size + 2 * p - k + ((s - 1) if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= size + p:
+        o -= 1
+    if o <= 0:
+        raise Unsupported("pooling window larger than the input")
+    windows, divisors = [], []
+    for i in range(o):
+        start = i * s - p
+        end = min(start + k, size + p)
+        padded = end - start
+        start, end = max(start, 0), min(end, size)
+        windows.append((start, end))
+        divisors.append(float(padded if count_include_pad else end - start))
+    return windows, divisors
+
+
+def _avg_pool(x: ET, n: int, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+              count_include_pad: bool, divisor_override: int | None) -> ET:
+    _check_input(x, n)
+    k = _pool_param(kernel_size, n, None)
+    s = _pool_param(stride, n, k)
+    p = _pool_param(padding, n, 0)
+    rank = len(x.shape)
+    y = _widen(x)
+    divisor = None
+    for axis, (size, kk, ss, pp) in enumerate(zip(x.shape[-n:], k, s, p)):
+        windows, divisors = _avg_windows(size, kk, ss, pp, ceil_mode, count_include_pad)
+        y = _sum_windows(y, rank - n + axis, _axis_mask(windows, size))
+        d = torch.tensor(divisors)
+        divisor = d if divisor is None else divisor.reshape(list(divisor.shape) + [1]) * d
+    if divisor_override:
+        return y.binary("div", float(divisor_override)).cast(x.dtype)
+    return y.binary("div", const(divisor.float())).cast(x.dtype)
+
+
+@lower("avg_pool2d.default")
+def avg_pool2d(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> ET:
+    return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lower("avg_pool3d.default")
+def avg_pool3d(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> ET:
+    return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
