@@ -266,3 +266,31 @@ def test_avg_pool(nan_mode, no_fallback, ceil_mode, count_include_pad, divisor_o
     want = F.avg_pool3d(y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override)
     torch.testing.assert_close(on_tpu(F.avg_pool3d, y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override), want,
                                rtol=1e-5, atol=1e-6)
+
+
+# ---- interpolation --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("mode,shape,size", [
+    ("linear", (2, 3, 7), (12,)), ("linear", (2, 3, 7), (3,)), ("bilinear", (2, 3, 5, 6), (9, 4)),
+    ("bicubic", (2, 3, 5, 6), (11, 3)), ("bicubic", (1, 1, 4, 4), (1, 1)), ("trilinear", (1, 2, 3, 4, 5), (6, 2, 5)),
+])
+def test_interpolate_sizes(nan_mode, no_fallback, align_corners, mode, shape, size):
+    x = torch.randn(shape)
+    want = F.interpolate(x, size=size, mode=mode, align_corners=align_corners)
+    torch.testing.assert_close(on_tpu(F.interpolate, x, size=size, mode=mode, align_corners=align_corners), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_interpolate_scale_factors_and_infinities(nan_mode, no_fallback, mode):
+    x = torch.randn(1, 2, 5, 7)
+    for factor in (1.7, 0.6, 2.0):
+        for recompute in (False, True):
+            want = F.interpolate(x, scale_factor=factor, mode=mode, recompute_scale_factor=recompute)
+            got = on_tpu(F.interpolate, x, scale_factor=factor, mode=mode, recompute_scale_factor=recompute)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    x[0, 0, 2, 3] = NAN  # NaN spreads to the outputs that weigh it, as in PyTorch
+    want = F.interpolate(x, size=(7, 9), mode=mode)
+    torch.testing.assert_close(on_tpu(F.interpolate, x, size=(7, 9), mode=mode), want, equal_nan=True, rtol=1e-5, atol=1e-5)

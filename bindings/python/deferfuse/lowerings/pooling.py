@@ -182,3 +182,135 @@ def avg_pool2d(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, c
 def avg_pool3d(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> ET:
     return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+# ---- linear and cubic interpolation ---------------------------------------------
+
+
+def _source_index(size: int, out: int, align_corners: bool, scale: float | None, cubic: bool) -> torch.Tensor:
+    """PyTorch's area_pixel_compute_source_index in float32, for every output."""
+    dst = torch.arange(out, dtype=torch.float32)
+    if align_corners:
+        ratio = torch.tensor((size - 1) / (out - 1) if out > 1 else 0.0, dtype=torch.float32)
+        return ratio * dst
+    ratio = torch.tensor(1.0 / scale if scale is not None and scale > 0 else size / out, dtype=torch.float32)
+    src = ratio * (dst + 0.5) - 0.5
+    return src if cubic else src.clamp(min=0.0)
+
+
+def _linear_weights(size: int, out: int, align_corners: bool, scale: float | None) -> torch.Tensor:
+    """[out, in]: each output's two neighbours weighted 1 - t and t."""
+    src = _source_index(size, out, align_corners, scale, cubic=False)
+    low = src.floor().to(torch.int64).clamp(max=size - 1)
+    t = (src - low.to(torch.float32)).clamp(0.0, 1.0)
+    high = torch.where(low < size - 1, low + 1, low)
+    w = torch.zeros(out, size, dtype=torch.float32)
+    rows = torch.arange(out)
+    w.index_put_((rows, low), 1.0 - t, accumulate=True)
+    w.index_put_((rows, high), t, accumulate=True)
+    return w
+
+
+def _cubic_weights(size: int, out: int, align_corners: bool, scale: float | None) -> torch.Tensor:
+    """[out, in]: Keys' cubic convolution (A = -0.75) on the four neighbours,
+    indices clamped to the edge as PyTorch reads them."""
+    a = -0.75
+    src = _source_index(size, out, align_corners, scale, cubic=True)
+    base = src.floor()
+    t = src - base
+    near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1  # noqa: E731  |x| <= 1
+    far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a  # noqa: E731  1 < |x| < 2
+    coeffs = [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
+    w = torch.zeros(out, size, dtype=torch.float32)
+    rows = torch.arange(out)
+    for k, c in enumerate(coeffs):
+        at = (base.to(torch.int64) - 1 + k).clamp(0, size - 1)
+        w.index_put_((rows, at), c, accumulate=True)
+    return w
+
+
+def _apply_weights(x: ET, axis: int, weights: torch.Tensor) -> ET:
+    """sum_j W[i, j] x[..., j, ...] over the non-zero weights only. Known
+    difference: next to an infinite input PyTorch's CPU kernel can give NaN
+    (it multiplies some zero weights) where this gives the infinity."""
+    out, size = weights.shape
+    moved = _move_last(x, axis)
+    if math.prod(moved.shape) * out > ONE_HOT_LIMIT:
+        raise Unsupported("interpolation too large for masked sums")
+    rows = moved.reshape(list(moved.shape[:-1]) + [1, size])
+    picked = const(weights != 0).where_(rows, eng().full(0.0, [], x.dtype))
+    return _move_back(picked.binary("mul", const(weights)).reduce("sum", [-1], False), axis)
+
+
+def _interpolate(x: ET, n: int, output_size: Any, align_corners: bool, scales: list[Any], cubic: bool) -> ET:
+    if not is_float(x) or len(x.shape) != n + 2 or 0 in x.shape[2:]:
+        raise Unsupported("interpolation of an integer tensor or empty planes")
+    outs = list(output_size)
+    if len(outs) != n or any(o <= 0 for o in outs):
+        raise Unsupported("interpolation to an empty size")
+    y = _widen(x)
+    for k, (size, o, scale) in enumerate(zip(x.shape[2:], outs, scales)):
+        if size == o and (align_corners or scale is None):
+            continue  # PyTorch copies an axis of the same size
+        make = _cubic_weights if cubic else _linear_weights
+        weights = make(size, o, align_corners, scale)
+        if x.dtype in ("bf16", "f16"):
+            # PyTorch's generic CPU kernel stores the weights in the input's dtype.
+            weights = weights.to(torch.bfloat16 if x.dtype == "bf16" else torch.float16).to(torch.float32)
+        y = _apply_weights(y, 2 + k, weights)
+    return y.cast(x.dtype)
+
+
+def _vec_sizes(x: ET, n: int, output_size: Any, scale_factors: Any) -> tuple[list[int], list[Any]]:
+    if output_size is not None:
+        return list(output_size), [None] * n
+    if scale_factors is None:
+        raise Unsupported("neither output_size nor scale_factors")
+    factors = list(scale_factors)
+    return [int(math.floor(s * f)) for s, f in zip(x.shape[2:], factors)], factors
+
+
+@lower("upsample_linear1d.default")
+def upsample_linear1d(self: ET, output_size: Any, align_corners: bool, scales: float | None = None) -> ET:
+    return _interpolate(self, 1, output_size, align_corners, [scales], cubic=False)
+
+
+@lower("upsample_bilinear2d.default")
+def upsample_bilinear2d(self: ET, output_size: Any, align_corners: bool, scales_h: float | None = None,
+                        scales_w: float | None = None) -> ET:
+    return _interpolate(self, 2, output_size, align_corners, [scales_h, scales_w], cubic=False)
+
+
+@lower("upsample_trilinear3d.default")
+def upsample_trilinear3d(self: ET, output_size: Any, align_corners: bool, scales_d: float | None = None,
+                         scales_h: float | None = None, scales_w: float | None = None) -> ET:
+    _no_half_trilinear(self)
+    return _interpolate(self, 3, output_size, align_corners, [scales_d, scales_h, scales_w], cubic=False)
+
+
+def _no_half_trilinear(x: ET) -> None:
+    if x.dtype in ("bf16", "f16"):
+        # Measured: PyTorch's half-precision trilinear rounds differently from
+        # one f32 weighted sum (an ulp on ~1% of elements); keep it on the CPU.
+        raise Unsupported("half-precision trilinear interpolation")
+
+
+@lower("upsample_bicubic2d.default")
+def upsample_bicubic2d(self: ET, output_size: Any, align_corners: bool, scales_h: float | None = None,
+                       scales_w: float | None = None) -> ET:
+    return _interpolate(self, 2, output_size, align_corners, [scales_h, scales_w], cubic=True)
+
+
+def _vec(n: int, cubic: bool) -> Any:
+    def run(input: ET, output_size: Any, align_corners: bool, scale_factors: Any) -> ET:
+        outs, scales = _vec_sizes(input, n, output_size, scale_factors)
+        if n == 3:
+            _no_half_trilinear(input)
+        return _interpolate(input, n, outs, align_corners, scales, cubic)
+
+    return run
+
+
+for _name, _n, _cubic in (("upsample_linear1d", 1, False), ("upsample_bilinear2d", 2, False),
+                          ("upsample_trilinear3d", 3, False), ("upsample_bicubic2d", 2, True)):
+    lower(f"{_name}.vec")(_vec(_n, _cubic))
