@@ -294,3 +294,37 @@ def test_interpolate_scale_factors_and_infinities(nan_mode, no_fallback, mode):
     x[0, 0, 2, 3] = NAN  # NaN spreads to the outputs that weigh it, as in PyTorch
     want = F.interpolate(x, size=(7, 9), mode=mode)
     torch.testing.assert_close(on_tpu(F.interpolate, x, size=(7, 9), mode=mode), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+# ---- embedding_bag --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag(nan_mode, no_fallback, mode, include_last_offset):
+    weight = torch.randn(10, 4)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 4, 4, 7])  # an empty bag in the middle
+    for padding_idx in (None, 4):
+        want = F.embedding_bag(indices, weight, offsets, mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx)
+        got = on_tpu(F.embedding_bag, indices, weight, offsets, mode=mode, include_last_offset=include_last_offset,
+                     padding_idx=padding_idx)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    rows = indices[:8].reshape(2, 4)
+    torch.testing.assert_close(on_tpu(F.embedding_bag, rows, weight, mode=mode), F.embedding_bag(rows, weight, mode=mode))
+    if mode == "sum":
+        psw = torch.rand(9)
+        torch.testing.assert_close(on_tpu(F.embedding_bag, indices, weight, offsets, per_sample_weights=psw),
+                                   F.embedding_bag(indices, weight, offsets, per_sample_weights=psw))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0])
+def test_embedding_max_norm_renormalizes_named_rows(nan_mode, no_fallback, norm_type):
+    weight = torch.randn(8, 3) * 3
+    indices = torch.tensor([[1, 5, 1], [7, 0, 5]])
+    want_w = weight.clone()
+    want = F.embedding(indices, want_w, max_norm=1.5, norm_type=norm_type)
+    w = weight.to("tpu")
+    got = F.embedding(indices.to("tpu"), w, max_norm=1.5, norm_type=norm_type)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.cpu(), want_w, rtol=1e-5, atol=1e-6)
