@@ -304,7 +304,9 @@ def test_interpolate_scale_factors_and_infinities(nan_mode, no_fallback, mode):
 def test_embedding_bag(nan_mode, no_fallback, mode, include_last_offset):
     weight = torch.randn(10, 4)
     indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
-    offsets = torch.tensor([0, 4, 4, 7])  # an empty bag in the middle
+    # An empty bag in the middle; with include_last_offset the last offset is
+    # len(indices), as PyTorch requires (its CPU paths disagree otherwise).
+    offsets = torch.tensor([0, 4, 4, 7, 9] if include_last_offset else [0, 4, 4, 7])
     for padding_idx in (None, 4):
         want = F.embedding_bag(indices, weight, offsets, mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx)
         got = on_tpu(F.embedding_bag, indices, weight, offsets, mode=mode, include_last_offset=include_last_offset,
@@ -314,8 +316,8 @@ def test_embedding_bag(nan_mode, no_fallback, mode, include_last_offset):
     torch.testing.assert_close(on_tpu(F.embedding_bag, rows, weight, mode=mode), F.embedding_bag(rows, weight, mode=mode))
     if mode == "sum":
         psw = torch.rand(9)
-        torch.testing.assert_close(on_tpu(F.embedding_bag, indices, weight, offsets, per_sample_weights=psw),
-                                   F.embedding_bag(indices, weight, offsets, per_sample_weights=psw))
+        torch.testing.assert_close(on_tpu(F.embedding_bag, indices, weight, offsets, mode="sum", per_sample_weights=psw),
+                                   F.embedding_bag(indices, weight, offsets, mode="sum", per_sample_weights=psw))
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0])

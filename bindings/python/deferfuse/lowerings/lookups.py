@@ -103,27 +103,37 @@ def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     return _move_back(picked.cast(self.dtype), dim)
 
 
-def _bag_members(indices: ET, offsets: ET | None, include_last_offset: bool) -> tuple[ET, int]:
-    """[B, T] bool: token t belongs to bag b, from the offsets (bag b runs from
-    offsets[b] to the next bag's start, the last one to the end, as PyTorch's
-    CPU kernel reads them), or one bag per row of a 2-d input."""
+def _bag_members(indices: ET, offsets: ET | None, include_last_offset: bool) -> tuple[ET, ET, int]:
+    """[B, T] bool masks of the tokens in each bag: bag b runs from offsets[b]
+    to the next bag's start, the last bag to the end. PyTorch requires
+    include_last_offset's last offset to be len(indices); when it is not, its
+    CPU paths disagree with each other (the max and the mean's count run to
+    the end, some sums stop at the last offset): the first mask, for sums,
+    stops there, the second runs to the end. A 2-d input has one bag per row."""
     t = math.prod(indices.shape)
     if len(indices.shape) == 2:
         b, length = indices.shape
-        rows = eng().arange(0, t, 1, "i64").binary("mul", 1.0 / length).unary("floor") if length else None
-        if rows is None:
-            return eng().full(0.0, [b, 0], "bool"), b
-        return rows.reshape([1, t]).binary("eq", eng().arange(0, b, 1, "f32").reshape([b, 1])), b
+        if not length:
+            raise Unsupported("embedding_bag of empty rows")
+        rows = eng().arange(0, t, 1, "f32").binary("mul", 1.0 / length).unary("floor")
+        member = rows.reshape([1, t]).binary("eq", eng().arange(0, b, 1, "f32").reshape([b, 1]))
+        return member, member, b
     if offsets is None or len(offsets.shape) != 1:
         raise Unsupported("embedding_bag without 1-d offsets")
     b = offsets.shape[0] - (1 if include_last_offset else 0)
     if b <= 0:
         raise Unsupported("embedding_bag without bags")
-    starts = offsets.cast("i64").slice(0, 0, b, 1)
-    ends = eng().cat([starts.slice(0, 1, b, 1), eng().full(float(t), [1], "i64")], 0)
+    off = offsets.cast("i64")
+    starts = off.slice(0, 0, b, 1)
     pos = eng().arange(0, t, 1, "i64").reshape([1, t])
-    member = pos.binary("ge", starts.reshape([b, 1])).binary("logical_and", pos.binary("lt", ends.reshape([b, 1])))
-    return member, b
+    after = pos.binary("ge", starts.reshape([b, 1]))
+
+    def before(ends: ET) -> ET:
+        return after.binary("logical_and", pos.binary("lt", ends.reshape([b, 1])))
+
+    to_end = before(eng().cat([off.slice(0, 1, b, 1), eng().full(float(t), [1], "i64")], 0))
+    summed = before(off.slice(0, 1, b + 1, 1)) if include_last_offset else to_end
+    return summed, to_end, b
 
 
 @lower("_embedding_bag_forward_only.default")
@@ -143,16 +153,17 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
         return (out.cast(weight.dtype), *rest)
     v, d = weight.shape
     t = math.prod(indices.shape)
-    member, b = _bag_members(indices, offsets, include_last_offset)
+    summed, member, b = _bag_members(indices, offsets, include_last_offset)
     if t == 0 or v == 0:
         raise Unsupported("embedding_bag of no tokens")
     _check_size(b * t, d)
     _check_size(t, v, d)
     flat = indices.reshape([t]).cast("i64")
     rows = embedding(weight, flat)  # [T, D]
-    valid = member
+    valid, valid_sum = member, summed
     if padding_idx is not None and padding_idx >= 0:
-        valid = valid.binary("logical_and", flat.binary("ne", padding_idx).reshape([1, t]))
+        real = flat.binary("ne", padding_idx).reshape([1, t])
+        valid, valid_sum = valid.binary("logical_and", real), valid_sum.binary("logical_and", real)
     count = valid.cast("i64").reduce("sum", [1], False)  # [B]
     keep = valid.reshape([b, t, 1])
     if mode == 2:
@@ -170,7 +181,7 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
                 raise Unsupported("per_sample_weights beyond mode sum")
             values = rows.binary("mul", per_sample_weights.reshape([t, 1]))
         zero = eng().full(0.0, [], weight.dtype)
-        total = keep.where_(values.reshape([1, t, d]), zero).reduce("sum", [1], False)
+        total = valid_sum.reshape([b, t, 1]).where_(values.reshape([1, t, d]), zero).reduce("sum", [1], False)
         if mode == 1:
             total = total.binary("div", count.binary("maximum", 1).cast(weight.dtype).reshape([b, 1]))
         out = total.cast(weight.dtype)
