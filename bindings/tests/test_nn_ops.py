@@ -330,3 +330,25 @@ def test_embedding_max_norm_renormalizes_named_rows(nan_mode, no_fallback, norm_
     got = F.embedding(indices.to("tpu"), w, max_norm=1.5, norm_type=norm_type)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w.cpu(), want_w, rtol=1e-5, atol=1e-6)
+
+
+# ---- grid_sample ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(nan_mode, no_fallback, mode, padding_mode, align_corners):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 5, 4, generator=g)
+    grid = torch.rand(2, 6, 7, 2, generator=g) * 3 - 1.5  # reaches outside [-1, 1]
+    grid[0, 0, 0] = torch.tensor([-1.0, 1.0])  # exact corners and a half-way point (nearest rounds to even)
+    grid[0, 0, 1] = torch.tensor([0.0, -1.0 / 3.0])
+    want = F.grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    got = on_tpu(F.grid_sample, x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    v = torch.randn(1, 2, 3, 4, 3, generator=g)
+    grid3 = torch.rand(1, 2, 3, 2, 3, generator=g) * 2.4 - 1.2
+    want = F.grid_sample(v, grid3, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    got = on_tpu(F.grid_sample, v, grid3, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -314,3 +314,122 @@ def _vec(n: int, cubic: bool) -> Any:
 for _name, _n, _cubic in (("upsample_linear1d", 1, False), ("upsample_bilinear2d", 2, False),
                           ("upsample_trilinear3d", 3, False), ("upsample_bicubic2d", 2, True)):
     lower(f"{_name}.vec")(_vec(_n, _cubic))
+
+
+# ---- grid_sample ------------------------------------------------------------------
+
+
+def _unnormalize(coord: ET, size: int, align_corners: bool) -> ET:
+    """[-1, 1] to pixel coordinates, as PyTorch's grid_sampler_unnormalize."""
+    if align_corners:
+        return coord.binary("add", 1.0).binary("mul", 0.5 * (size - 1))
+    return coord.binary("add", 1.0).binary("mul", float(size)).binary("sub", 1.0).binary("mul", 0.5)
+
+
+def _reflect(coord: ET, twice_low: int, twice_high: int) -> ET:
+    """PyTorch's reflect_coordinates: fold into [low, high] by mirroring."""
+    if twice_low == twice_high:
+        return coord.binary("mul", 0.0)
+    low = twice_low / 2.0
+    span = (twice_high - twice_low) / 2.0
+    x = coord.binary("sub", low).unary("abs")
+    flips = x.binary("div", span).unary("floor")
+    extra = x.binary("sub", flips.binary("mul", span))
+    odd = flips.binary("sub", flips.binary("mul", 0.5).unary("floor").binary("mul", 2.0)).binary("ne", 0.0)
+    return odd.where_(extra.unary("neg").binary("add", span + low), extra.binary("add", low))
+
+
+def _source_coord(coord: ET, size: int, padding_mode: int, align_corners: bool) -> ET:
+    x = _unnormalize(coord, size, align_corners)
+    if padding_mode == 2:
+        x = _reflect(x, 0, 2 * (size - 1)) if align_corners else _reflect(x, -1, 2 * size - 1)
+    if padding_mode in (1, 2):
+        x = x.binary("maximum", 0.0).binary("minimum", float(size - 1))  # clip_coordinates
+    return x
+
+
+def _gather_plane(planes: ET, flat: ET, q: int) -> ET:
+    """planes [N, C, Q] read at flat [N, P] (whole numbers in f32): [N, C, P]."""
+    n, c = planes.shape[0], planes.shape[1]
+    p = flat.shape[1]
+    mask = flat.reshape([n, 1, p, 1]).binary("eq", eng().arange(0, q, 1, "f32"))  # [N, 1, P, Q]
+    return mask.where_(planes.reshape([n, c, 1, q]), eng().full(0.0, [], planes.dtype)).reduce("sum", [-1], False)
+
+
+def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool, n_dims: int) -> ET:
+    """Bilinear (trilinear) or nearest sampling: each corner read with a
+    one-hot masked sum over the input plane, weighted and summed in
+    PyTorch's corner order; out-of-bounds corners add nothing (zeros
+    padding; border and reflection clip first)."""
+    if interpolation_mode not in (0, 1) or padding_mode not in (0, 1, 2):
+        raise Unsupported("bicubic grid_sample")
+    if not is_float(x) or len(x.shape) != n_dims + 2 or len(grid.shape) != n_dims + 2 or grid.shape[-1] != n_dims:
+        raise Unsupported("grid_sample shapes")
+    if 0 in x.shape or 0 in grid.shape:
+        raise Unsupported("empty grid_sample")
+    if x.dtype != "f32" or grid.dtype != "f32":
+        # Measured: PyTorch's half-precision kernel computes coordinates in the
+        # half type; an f32 composition is off by far more than an ulp.
+        raise Unsupported("half-precision grid_sample")
+    n, c = x.shape[0], x.shape[1]
+    sizes = list(x.shape[2:])  # (H, W) or (D, H, W)
+    out_spatial = list(grid.shape[1:-1])
+    p, q = math.prod(out_spatial), math.prod(sizes)
+    if n * c * p * q > ONE_HOT_LIMIT:
+        raise Unsupported("grid_sample too large for masked sums")
+    planes = x.reshape([n, c, q])
+    g = grid.reshape([n, p, n_dims])
+    # grid's last axis is (x, y[, z]): x indexes the last input axis.
+    coords = [_source_coord(g.slice(2, k, k + 1, 1).reshape([n, p]), sizes[n_dims - 1 - k], padding_mode, align_corners)
+              for k in range(n_dims)]
+    coords = coords[::-1]  # now in input axis order (z, y, x)
+    if interpolation_mode == 1:
+        corners = [([_round_half_even(v) for v in coords], None)]
+    else:
+        lows = [v.unary("floor") for v in coords]
+        corners = []
+        for bits in _offsets([2] * n_dims):
+            at, weight = [], None
+            for v, lo, bit in zip(coords, lows, bits):
+                at.append(lo.binary("add", 1.0) if bit else lo)
+                # the weight of the low corner is (low + 1 - v), of the high one (v - low)
+                w = v.binary("sub", lo) if bit else lo.binary("add", 1.0).binary("sub", v)
+                weight = w if weight is None else weight.binary("mul", w)
+            corners.append((at, weight))
+    out = None
+    for at, weight in corners:
+        inside, flat = None, None
+        for v, size in zip(at, sizes):
+            ok = v.binary("ge", 0.0).binary("logical_and", v.binary("le", float(size - 1)))
+            inside = ok if inside is None else inside.binary("logical_and", ok)
+            safe = ok.where_(v, 0.0)
+            flat = safe if flat is None else flat.binary("mul", float(size)).binary("add", safe)
+        value = _gather_plane(planes, flat, q)  # [N, C, P]
+        if weight is not None:
+            value = value.binary("mul", weight.reshape([n, 1, p]))
+        term = inside.reshape([n, 1, p]).where_(value, 0.0)
+        out = term if out is None else out.binary("add", term)
+    return out.reshape([n, c] + out_spatial).cast(x.dtype)
+
+
+def _round_half_even(v: ET) -> ET:
+    from .elementwise import _round_even
+
+    return _round_even(v)
+
+
+def _offsets(k: list[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for kk in k:
+        out = [o + (i,) for o in out for i in range(kk)]
+    return out
+
+
+@lower("grid_sampler_2d.default")
+def grid_sampler_2d(input: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool) -> ET:
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners, 2)
+
+
+@lower("grid_sampler_3d.default")
+def grid_sampler_3d(input: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool) -> ET:
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners, 3)
