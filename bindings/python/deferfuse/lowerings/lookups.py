@@ -167,7 +167,9 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
     count = valid.cast("i64").reduce("sum", [1], False)  # [B]
     keep = valid.reshape([b, t, 1])
     if mode == 2:
-        picked = keep.where_(rows.reshape([1, t, d]), float("-inf")).reduce("max", [1], False)
+        from .scatter import masked_extreme
+
+        picked = masked_extreme(keep, rows.reshape([1, t, d]), "max")  # [B, D]; empty bags are replaced below
         out = count.binary("gt", 0).reshape([b, 1]).where_(picked, 0.0).cast(weight.dtype)
         # max_indices: the table row of the first maximum (what backward reads)
         hit = keep.binary("logical_and", rows.reshape([1, t, d]).binary("eq", picked.reshape([b, 1, d])))

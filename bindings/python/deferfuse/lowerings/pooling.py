@@ -111,8 +111,12 @@ def _adaptive_max(x: ET, output_size: Any, n: int) -> tuple[ET, ET]:
         mask = m if mask is None else (mask[:, None, :, None] & m[None, :, None, :]).reshape(mask.shape[0] * o, -1)
     window = const(mask)  # [cells, plane]
     values = x.reshape(planes + [1, plane])
-    low = float("-inf")
-    best = window.where_(values, low).reduce("max", [-1], False)  # NaN wins
+    # Masked-out terms take the window's first element (no infinity of our
+    # own: Debug checks every op); a NaN in the window still wins.
+    first = torch.zeros_like(mask)
+    first[torch.arange(cells), mask.to(torch.int8).argmax(dim=1)] = True
+    start = const(first).where_(values, eng().full(0.0, [], x.dtype)).reduce("sum", [-1], True)  # [*planes, cells, 1]
+    best = window.where_(values, start).reduce("max", [-1], False)
     where_at = const(torch.arange(plane, dtype=torch.int64))
     is_nan = values.binary("ne", values)
     last_nan = window.binary("logical_and", is_nan).where_(where_at, -1).reduce("max", [-1], False)

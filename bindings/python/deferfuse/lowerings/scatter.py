@@ -23,19 +23,26 @@ from .lookups import _check_size, _move_back, _move_last, _one_hot, index_select
 
 
 _SERIAL_LIMIT = 32768  # at::internal::GRAIN_SIZE: below it PyTorch's index kernels run in one thread
-_INT_RANGE = {"i32": (-(2.0**31), 2.0**31 - 1), "i64": (-(2.0**63), 2.0**63)}
 
 
-def _fill(mode: str, dtype: str) -> float:
-    """The identity of a reduction, for the masked-out terms."""
-    if mode in ("sum", "mean", "replace"):
-        return 0.0
-    if mode == "prod":
-        return 1.0
-    if dtype in _INT_RANGE:
-        low, high = _INT_RANGE[dtype]
-        return low if mode == "amax" else high
-    return float("-inf") if mode == "amax" else float("inf")
+def _fill(mode: str) -> float:
+    """The identity of a sum or product, for the masked-out terms."""
+    return 1.0 if mode == "prod" else 0.0
+
+
+def masked_extreme(mask: ET, values: ET, kind: str) -> ET:
+    """max / min over axis -2 of the values the mask [..., m, n] keeps. The
+    masked-out terms are filled with one kept value (the last) rather than
+    with an infinity, so no op makes an infinity of its own (Debug checks
+    every op) and integer dtypes need no sentinel; a NaN among the kept
+    values still wins, as in PyTorch. Rows that keep nothing give that
+    fill, 0: callers replace them."""
+    m = mask.shape[-2]
+    order = eng().arange(0, m, 1, "i64").reshape([m, 1])
+    last = mask.where_(order, -1).reduce("max", [-2], True)
+    chosen = mask.binary("logical_and", order.binary("eq", last))
+    some = chosen.where_(values, eng().full(0.0, [], values.dtype)).reduce("sum", [-2], True).cast(values.dtype)
+    return mask.where_(values, some).reduce(kind, [-2], False)
 
 
 def _combine(base: ET, mask: ET, values: Any, mode: str, include_self: bool) -> ET:
@@ -53,17 +60,23 @@ def _combine(base: ET, mask: ET, values: Any, mode: str, include_self: bool) -> 
             mask = mask.binary("logical_and", order.binary("eq", last))
             vals = mask.where_(vals, eng().full(0.0, [], base.dtype)).reduce("sum", [-2], False)
         return hit.where_(vals, base).cast(base.dtype)
-    terms = mask.where_(vals, eng().full(_fill(mode, base.dtype), [], base.dtype))
+    if mode in ("amax", "amin"):
+        full = vals if isinstance(vals, ET) else eng().full(float(vals), [], base.dtype)
+        reduced = masked_extreme(mask, full.expand(list(mask.shape[:-1]) + [1]) if isinstance(vals, ET) else full, mode[1:]).cast(base.dtype)
+        if not include_self:
+            return hit.where_(reduced, base)
+        return hit.where_(base.binary("maximum" if mode == "amax" else "minimum", reduced), base)
+    terms = mask.where_(vals, eng().full(_fill(mode), [], base.dtype))
     if mode == "mean":
         total = terms.reduce("sum", [-2], False)
         if include_self:
             return base.binary("add", total).binary("div", count.binary("add", 1).cast(base.dtype))
         return hit.where_(total.binary("div", count.binary("maximum", 1).cast(base.dtype)), base)
-    kind = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}[mode]
+    kind = {"sum": "sum", "prod": "prod"}[mode]
     reduced = terms.reduce(kind, [-2], False).cast(base.dtype)
     if not include_self:
         return hit.where_(reduced, base)
-    pair = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}[mode]
+    pair = {"sum": "add", "prod": "mul"}[mode]
     return base.binary(pair, reduced)
 
 
