@@ -645,3 +645,109 @@ def digamma(self: ET) -> ET:
     out = zero.where_(at_zero, out)
     out = x.binary("eq", float("inf")).where_(float("inf"), x.binary("eq", float("-inf")).where_(float("nan"), out))
     return x.binary("ne", x).where_(x, out)
+
+
+# ---- polygamma ----------------------------------------------------------------------
+
+# Cephes' zeta: the Euler-Maclaurin tail's coefficients (2k)! / B_2k.
+_ZETA_A = [12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+           1.8152105401943546773e17, -7.1661652561756670113e18]
+
+
+def _zeta_parts(s: int, q: ET) -> tuple[list[ET], ET]:
+    """Hurwitz zeta(s, q) for q > 0 as Cephes (and PyTorch's CPU kernel)
+    computes it: the ten terms q^-s, ..., (q+9)^-s, and the Euler-Maclaurin
+    tail at w = q + 9 with twelve Bernoulli terms (those past Cephes' early
+    exit are below one rounding)."""
+    terms = [q.binary("pow", float(-s))]
+    a = q
+    for _ in range(9):
+        a = a.binary("add", 1.0)
+        terms.append(a.binary("pow", float(-s)))
+    w, b = a, terms[-1]
+    tail = b.binary("mul", w).binary("mul", 1.0 / (s - 1)).binary("sub", b.binary("mul", 0.5))
+    coef, k = 1.0, 0.0
+    inv_w = w.unary("reciprocal")
+    for denom in _ZETA_A:
+        coef *= s + k
+        b = b.binary("mul", inv_w)
+        tail = tail.binary("add", b.binary("mul", coef / denom))
+        k += 1.0
+        coef *= s + k
+        b = b.binary("mul", inv_w)
+        k += 1.0
+    return terms, tail
+
+
+def _zeta_positive(s: int, q: ET) -> ET:
+    terms, tail = _zeta_parts(s, q)
+    total = terms[0]
+    for t in terms[1:]:
+        total = total.binary("add", t)
+    return total.binary("add", tail)
+
+
+def _zeta(s: int, q: ET) -> ET:
+    """zeta(s, q) for an integer s >= 2 and any q: +inf at 0 and the negative
+    integers; for q = -m + f (0 < f < 1) the sum over q + j < 0 in closed
+    form, zeta(s, f) + (-1)^s (zeta(s, 1 - f) - zeta(s, 1 - f + m)), so every
+    zeta has a positive argument (Cephes sums those terms one by one)."""
+    floor = q.unary("floor")
+    negative = q.binary("le", 0.0)
+    pole = negative.binary("logical_and", q.binary("eq", floor))
+    f = q.binary("sub", floor)
+    safe_f = pole.where_(0.5, f)
+    m = floor.unary("neg")
+    plain = _zeta_positive(s, negative.where_(1.0, q))
+    far = _zeta_positive(s, safe_f.unary("neg").binary("add", 1.0).binary("add", negative.where_(m, 0.0)))
+    sign = 1.0 if s % 2 == 0 else -1.0
+    # zeta(s, f) +- zeta(s, 1 - f) term by term: near f = 1/2 the paired
+    # terms nearly cancel, and a difference of close numbers is exact, as in
+    # Cephes' direct sum over the same terms.
+    left, left_tail = _zeta_parts(s, safe_f)
+    mirror, mirror_tail = _zeta_parts(s, safe_f.unary("neg").binary("add", 1.0))
+    folded = None
+    for a, b in zip(left, mirror):
+        pair = a.binary("add", b.binary("mul", sign))
+        folded = pair if folded is None else folded.binary("add", pair)
+    folded = folded.binary("add", left_tail.binary("add", mirror_tail.binary("mul", sign)))
+    folded = folded.binary("sub", far.binary("mul", sign))
+    out = negative.where_(pole.where_(float("inf"), folded), plain)
+    return q.binary("ne", q).where_(q, out)
+
+
+def _trigamma(x: ET) -> ET:
+    """PyTorch's calc_trigamma: reflection below 1/2, six recurrence steps,
+    then the asymptotic series."""
+    low = x.binary("lt", 0.5)
+    sin_pi = x.binary("mul", math.pi).unary("sin")
+    reflect = low.where_(sin_pi.binary("mul", sin_pi).unary("reciprocal").binary("mul", -(math.pi ** 2)), 0.0)
+    z = low.where_(x.unary("neg").binary("add", 1.0), x)
+    total = reflect
+    for _ in range(6):
+        total = total.binary("add", z.binary("mul", z).unary("reciprocal"))
+        z = z.binary("add", 1.0)
+    ixx = z.binary("mul", z).unary("reciprocal")
+    tail = ixx.binary("mul", -1.0 / 42).binary("add", 1.0 / 30).binary("mul", ixx).unary("neg").binary("add", 1.0 / 6)
+    tail = tail.binary("mul", ixx).binary("add", z.unary("reciprocal").binary("mul", 0.5)).binary("add", 1.0)
+    total = total.binary("add", tail.binary("div", z))
+    return low.where_(total.unary("neg"), total)
+
+
+@lower("polygamma.default")
+def polygamma(n: int, self: ET) -> ET:
+    """digamma for n = 0, PyTorch's trigamma for 1, and (-1)^(n+1) n! zeta(n+1, x)
+    above, as PyTorch's CPU kernels (f32; half precision computed in f32)."""
+    if not isinstance(self, ET) or n < 0:
+        raise Unsupported("polygamma of a scalar or negative order")
+    if n == 0:
+        return digamma(self)
+    x = self if is_float(self) else self.cast("f32")
+    out_dtype = x.dtype
+    x = x.cast("f32") if x.dtype != "f32" else x
+    if n == 1:
+        out = _trigamma(x)
+    else:
+        out = _zeta(n + 1, x).binary("mul", (1.0 if n % 2 else -1.0) * math.factorial(n))
+    return out.cast(out_dtype) if out_dtype != "f32" else out
