@@ -365,8 +365,8 @@ def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, al
     one-hot masked sum over the input plane, weighted and summed in
     PyTorch's corner order; out-of-bounds corners add nothing (zeros
     padding; border and reflection clip first)."""
-    if interpolation_mode not in (0, 1) or padding_mode not in (0, 1, 2):
-        raise Unsupported("bicubic grid_sample")
+    if interpolation_mode not in (0, 1, 2) or padding_mode not in (0, 1, 2) or (interpolation_mode == 2 and n_dims != 2):
+        raise Unsupported("grid_sample mode")
     if not is_float(x) or len(x.shape) != n_dims + 2 or len(grid.shape) != n_dims + 2 or grid.shape[-1] != n_dims:
         raise Unsupported("grid_sample shapes")
     if 0 in x.shape or 0 in grid.shape:
@@ -384,8 +384,10 @@ def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, al
     planes = x.reshape([n, c, q])
     g = grid.reshape([n, p, n_dims])
     # grid's last axis is (x, y[, z]): x indexes the last input axis.
-    coords = [_source_coord(g.slice(2, k, k + 1, 1).reshape([n, p]), sizes[n_dims - 1 - k], padding_mode, align_corners)
-              for k in range(n_dims)]
+    raw = [g.slice(2, k, k + 1, 1).reshape([n, p]) for k in range(n_dims)]
+    if interpolation_mode == 2:
+        return _grid_bicubic(planes, raw, sizes, padding_mode, align_corners).reshape([n, c] + out_spatial).cast(x.dtype)
+    coords = [_source_coord(v, sizes[n_dims - 1 - k], padding_mode, align_corners) for k, v in enumerate(raw)]
     coords = coords[::-1]  # now in input axis order (z, y, x)
     if interpolation_mode == 1:
         corners = [([_round_half_even(v) for v in coords], None)]
@@ -414,6 +416,58 @@ def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, al
         term = inside.reshape([n, 1, p]).where_(value, 0.0)
         out = term if out is None else out.binary("add", term)
     return out.reshape([n, c] + out_spatial).cast(x.dtype)
+
+
+def _cubic_coefficients(t: ET) -> list[ET]:
+    """Keys' cubic convolution weights (A = -0.75) of the taps at -1, 0, 1, 2."""
+    a = -0.75
+
+    def near(x: ET) -> ET:  # |x| <= 1
+        return x.binary("mul", a + 2).binary("sub", a + 3).binary("mul", x).binary("mul", x).binary("add", 1.0)
+
+    def far(x: ET) -> ET:  # 1 < |x| < 2
+        return x.binary("mul", a).binary("sub", 5 * a).binary("mul", x).binary("add", 8 * a).binary("mul", x).binary("sub", 4 * a)
+
+    one_minus = t.unary("neg").binary("add", 1.0)
+    return [far(t.binary("add", 1.0)), near(t), near(one_minus), far(one_minus.binary("add", 1.0))]
+
+
+def _grid_bicubic(planes: ET, raw: list[ET], sizes: list[int], padding_mode: int, align_corners: bool) -> ET:
+    """PyTorch's bicubic grid_sample: the unpadded source point, 4 x 4 taps
+    around it, each tap's coordinate padded (border, reflection) and read as 0
+    outside (zeros); cubic along x per row, then along y."""
+    n, c, q = planes.shape
+    p = raw[0].shape[1]
+    h, w = sizes
+    ix = _unnormalize(raw[0], w, align_corners)
+    iy = _unnormalize(raw[1], h, align_corners)
+    x0, y0 = ix.unary("floor"), iy.unary("floor")
+    cx = _cubic_coefficients(ix.binary("sub", x0))
+    cy = _cubic_coefficients(iy.binary("sub", y0))
+
+    def tap(base: ET, offset: int, size: int) -> tuple[ET, ET]:
+        v = base.binary("add", float(offset))
+        if padding_mode == 2:
+            v = _reflect(v, 0, 2 * (size - 1)) if align_corners else _reflect(v, -1, 2 * size - 1)
+        if padding_mode in (1, 2):
+            v = v.binary("maximum", 0.0).binary("minimum", float(size - 1))
+        v = v.unary("floor")
+        ok = v.binary("ge", 0.0).binary("logical_and", v.binary("le", float(size - 1)))
+        return ok.where_(v, 0.0), ok
+
+    out = None
+    for j in range(4):
+        yj, oky = tap(y0, j - 1, h)
+        row = None
+        for i in range(4):
+            xi, okx = tap(x0, i - 1, w)
+            value = _gather_plane(planes, yj.binary("mul", float(w)).binary("add", xi), q)
+            value = okx.binary("logical_and", oky).reshape([n, 1, p]).where_(value, 0.0)
+            term = value.binary("mul", cx[i].reshape([n, 1, p]))
+            row = term if row is None else row.binary("add", term)
+        term = row.binary("mul", cy[j].reshape([n, 1, p]))
+        out = term if out is None else out.binary("add", term)
+    return out
 
 
 def _round_half_even(v: ET) -> ET:
