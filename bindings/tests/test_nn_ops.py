@@ -386,3 +386,13 @@ def test_polygamma_matches_cpu(nan_mode, no_fallback, n):
                    torch.tensor([-4.5, -4.500001, -10.5000001, 0.5]), torch.tensor([0.0, -0.0, -1.0, -3.0, INF, -INF, NAN])])
     want = torch.polygamma(n, x)
     torch.testing.assert_close(on_tpu(torch.polygamma, n, x), want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_grid_sample_split_in_halves(nan_mode, no_fallback):
+    """Between one and four times the one-hot limit, the output rows are
+    sampled in halves."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 2, 16, 16, 16, generator=g)
+    grid = torch.rand(1, 12, 12, 12, 3, generator=g) * 2.2 - 1.1
+    want = F.grid_sample(x, grid, align_corners=False)
+    torch.testing.assert_close(on_tpu(F.grid_sample, x, grid, align_corners=False), want, rtol=1e-5, atol=1e-5)

@@ -380,7 +380,15 @@ def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, al
     out_spatial = list(grid.shape[1:-1])
     p, q = math.prod(out_spatial), math.prod(sizes)
     if n * c * p * q > ONE_HOT_LIMIT:
-        raise Unsupported("grid_sample too large for masked sums")
+        rows = grid.shape[1]
+        if n * c * p * q > 4 * ONE_HOT_LIMIT or rows < 2:
+            raise Unsupported("grid_sample too large for masked sums")
+        # Up to four times the limit: the output rows in two halves, each a
+        # masked sum of its own (the same arithmetic per output point).
+        half = rows // 2
+        parts = [_grid_sample(x, grid.slice(1, a, b, 1), interpolation_mode, padding_mode, align_corners, n_dims)
+                 for a, b in ((0, half), (half, rows))]
+        return eng().cat(parts, 2)
     planes = x.reshape([n, c, q])
     g = grid.reshape([n, p, n_dims])
     # grid's last axis is (x, y[, z]): x indexes the last input axis.
