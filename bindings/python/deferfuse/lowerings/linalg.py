@@ -211,7 +211,7 @@ def _cholesky_lower(a: ET) -> tuple[ET, ET]:
 
 def _cholesky(a: ET, upper: bool) -> tuple[ET, ET]:
     _check(a)
-    n = _order(a)
+    _order(a)  # square and small enough, else the CPU
     batch = list(a.shape[:-2])
     if math.prod(a.shape) == 0:
         return _zeros(list(a.shape)), _int_full(0, batch)
@@ -684,7 +684,6 @@ def _ldl_factor(a: ET) -> tuple[ET, ET, ET]:
     rows = eng().arange(0, n, 1, "i64").reshape([n, 1])
     cols = eng().arange(0, n, 1, "i64")
     t = _symmetric_from(a, False)
-    zero_f = eng().full(0.0, [], "f32")
     second = eng().full(0.0, batch + [1, 1], "bool")
     pending = _zeros(batch + [n, 1])
     info = _int_full(0, batch + [1, 1])

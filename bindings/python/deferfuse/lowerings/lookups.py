@@ -101,3 +101,124 @@ def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     mask = _one_hot(idx, n)  # [..., m, n]
     picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce("sum", [-1], False)
     return _move_back(picked.cast(self.dtype), dim)
+
+
+def _bag_members(indices: ET, offsets: ET | None, include_last_offset: bool) -> tuple[ET, ET, int]:
+    """[B, T] bool masks of the tokens in each bag: bag b runs from offsets[b]
+    to the next bag's start, the last bag to the end. PyTorch requires
+    include_last_offset's last offset to be len(indices); when it is not, its
+    CPU paths disagree with each other (the max and the mean's count run to
+    the end, some sums stop at the last offset): the first mask, for sums,
+    stops there, the second runs to the end. A 2-d input has one bag per row."""
+    t = math.prod(indices.shape)
+    if len(indices.shape) == 2:
+        b, length = indices.shape
+        if not length:
+            raise Unsupported("embedding_bag of empty rows")
+        rows = eng().arange(0, t, 1, "f32").binary("mul", 1.0 / length).unary("floor")
+        member = rows.reshape([1, t]).binary("eq", eng().arange(0, b, 1, "f32").reshape([b, 1]))
+        return member, member, b
+    if offsets is None or len(offsets.shape) != 1:
+        raise Unsupported("embedding_bag without 1-d offsets")
+    b = offsets.shape[0] - (1 if include_last_offset else 0)
+    if b <= 0:
+        raise Unsupported("embedding_bag without bags")
+    off = offsets.cast("i64")
+    starts = off.slice(0, 0, b, 1)
+    pos = eng().arange(0, t, 1, "i64").reshape([1, t])
+    after = pos.binary("ge", starts.reshape([b, 1]))
+
+    def before(ends: ET) -> ET:
+        return after.binary("logical_and", pos.binary("lt", ends.reshape([b, 1])))
+
+    to_end = before(eng().cat([off.slice(0, 1, b, 1), eng().full(float(t), [1], "i64")], 0))
+    summed = before(off.slice(0, 1, b + 1, 1)) if include_last_offset else to_end
+    return summed, to_end, b
+
+
+@lower("_embedding_bag_forward_only.default")
+def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_by_freq: bool = False, mode: int = 0,
+                               sparse: bool = False, per_sample_weights: ET | None = None,
+                               include_last_offset: bool = False, padding_idx: int = -1) -> tuple[ET, ET, ET, ET]:
+    """Bags as masked reductions over [B, T, D]: sum (times the per-sample
+    weights), mean over the non-padding tokens, or max; empty bags give 0.
+    The other three outputs (only backward reads them) have PyTorch's shapes."""
+    if len(weight.shape) != 2 or not weight.dtype.startswith(("f", "b")) or weight.dtype == "bool":
+        raise Unsupported("embedding_bag of a non-float table")
+    if weight.dtype in ("bf16", "f16"):
+        # Accumulate in float, round once.
+        psw = per_sample_weights.cast("f32") if per_sample_weights is not None else None
+        out, *rest = embedding_bag_forward_only(weight.cast("f32"), indices, offsets, scale_grad_by_freq, mode, sparse, psw,
+                                                include_last_offset, padding_idx)
+        return (out.cast(weight.dtype), *rest)
+    v, d = weight.shape
+    t = math.prod(indices.shape)
+    summed, member, b = _bag_members(indices, offsets, include_last_offset)
+    if t == 0 or v == 0:
+        raise Unsupported("embedding_bag of no tokens")
+    _check_size(b * t, d)
+    _check_size(t, v, d)
+    flat = indices.reshape([t]).cast("i64")
+    rows = embedding(weight, flat)  # [T, D]
+    valid, valid_sum = member, summed
+    if padding_idx is not None and padding_idx >= 0:
+        real = flat.binary("ne", padding_idx).reshape([1, t])
+        valid, valid_sum = valid.binary("logical_and", real), valid_sum.binary("logical_and", real)
+    count = valid.cast("i64").reduce("sum", [1], False)  # [B]
+    keep = valid.reshape([b, t, 1])
+    if mode == 2:
+        from .scatter import masked_extreme
+
+        picked = masked_extreme(keep, rows.reshape([1, t, d]), "max")  # [B, D]; empty bags are replaced below
+        out = count.binary("gt", 0).reshape([b, 1]).where_(picked, 0.0).cast(weight.dtype)
+        # max_indices: the table row of the first maximum (what backward reads)
+        hit = keep.binary("logical_and", rows.reshape([1, t, d]).binary("eq", picked.reshape([b, 1, d])))
+        first = hit.where_(eng().arange(0, t, 1, "i64").reshape([1, t, 1]), t).reduce("min", [1], False)  # [B, D]
+        chosen = _one_hot(first, t).where_(flat.reshape([1, 1, t]), 0).reduce("sum", [-1], False)
+        max_indices = count.binary("gt", 0).reshape([b, 1]).where_(chosen, 0).cast("i64")
+    else:
+        values = rows
+        if per_sample_weights is not None:
+            if mode != 0:
+                raise Unsupported("per_sample_weights beyond mode sum")
+            values = rows.binary("mul", per_sample_weights.reshape([t, 1]))
+        zero = eng().full(0.0, [], weight.dtype)
+        total = valid_sum.reshape([b, t, 1]).where_(values.reshape([1, t, d]), zero).reduce("sum", [1], False)
+        if mode == 1:
+            total = total.binary("div", count.binary("maximum", 1).cast(weight.dtype).reshape([b, 1]))
+        out = total.cast(weight.dtype)
+        max_indices = count if mode == 1 else eng().full(0.0, [b], "i64")
+    bag_of = member.cast("i64").binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1])).reduce("sum", [0], False)
+    if mode == 0 and per_sample_weights is None:
+        offset2bag = eng().full(0.0, [0], "i64")
+    else:
+        offset2bag = bag_of
+    bag_size = count if mode != 0 else eng().full(0.0, [b], "i64")
+    return out, offset2bag, bag_size, max_indices
+
+
+@lower("embedding_renorm.default")
+def embedding_renorm(self: ET, indices: ET, max_norm: float, norm_type: float) -> ET:
+    """Rows the indices name, scaled to max_norm / (norm + 1e-7) where their
+    norm exceeds max_norm (PyTorch's formula)."""
+    if len(self.shape) != 2 or self.dtype not in ("f32", "bf16", "f16"):
+        raise Unsupported("embedding_renorm of a non-float or non-matrix table")
+    v = self.shape[0]
+    t = math.prod(indices.shape)
+    if t == 0:
+        return self
+    _check_size(t, v)
+    named = _one_hot(indices.reshape([t]).cast("i64"), v).cast("i32").reduce("max", [0], False).binary("gt", 0)  # [V]
+    x = self.cast("f32")
+    a = x.unary("abs")
+    if norm_type == 2:
+        norm = a.binary("mul", a).reduce("sum", [1], False).unary("sqrt")
+    elif norm_type == 1:
+        norm = a.reduce("sum", [1], False)
+    elif norm_type == float("inf"):
+        norm = a.reduce("max", [1], False)
+    else:
+        norm = a.binary("pow", float(norm_type)).reduce("sum", [1], False).binary("pow", 1.0 / float(norm_type))
+    scale = norm.binary("add", 1e-7).unary("reciprocal").binary("mul", float(max_norm))
+    shrink = named.binary("logical_and", norm.binary("gt", float(max_norm)))
+    return shrink.reshape([v, 1]).where_(x.binary("mul", scale.reshape([v, 1])), x).cast(self.dtype)

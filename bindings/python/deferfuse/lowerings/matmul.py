@@ -64,15 +64,20 @@ def _columns(input: ET, k: list[int], s: list[int], p: list[int], d: list[int], 
 
 @lower("im2col.default")
 def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> ET:
-    if len(self.shape) not in (3, 4) or not is_float(self) or math.prod(self.shape) == 0:
-        raise Unsupported("im2col of an unbatched-3d, integer or empty input")
+    """[N, C, H, W] (or [C, H, W]) -> [N, C * kh * kw, L], rows channel-major
+    and columns row-major over the output positions, as PyTorch lays them out."""
+    if len(self.shape) not in (3, 4):
+        raise Unsupported("im2col of a tensor that is not 3-D or 4-D")
     batched = self if len(self.shape) == 4 else self.reshape([1] + list(self.shape))
     k, d, p, s = (_pool_param(v, 2, 1) for v in (kernel_size, dilation, padding, stride))
     out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(batched.shape[2:], k, s, p, d)]
-    if any(o <= 0 for o in out):
-        raise Unsupported("im2col window larger than the input")
+    if min(k + d + s) <= 0 or min(p) < 0 or min(out) <= 0:
+        raise Unsupported("im2col arguments PyTorch rejects")  # for PyTorch's own error
     n, c = batched.shape[0], batched.shape[1]
-    cols = _columns(batched, k, s, p, d, out).reshape([n, c * math.prod(k), math.prod(out)])
+    if n * c == 0:  # no values: a constant of the right shape
+        cols = eng().full(0.0, [n, c * math.prod(k), math.prod(out)], self.dtype)
+    else:
+        cols = _columns(batched, k, s, p, d, out).reshape([n, c * math.prod(k), math.prod(out)])
     return cols if len(self.shape) == 4 else cols.reshape(list(cols.shape[1:]))
 
 

@@ -243,6 +243,15 @@ def _nll_parts(self: ET, target: ET, weight: ET | None, ignore_index: int) -> tu
 
 @lower("nll_loss_forward.default")
 def nll_loss_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+    if len(self.shape) == 1 and len(target.shape) == 0:
+        # One sample of C scores: the [1, C] loss, its row dropped for 'none'.
+        out, total = nll_loss_forward(self.reshape([1, self.shape[0]]), target.reshape([1]), weight, reduction, ignore_index)
+        return (out.reshape([]) if reduction == 0 else out), total
+    if self.dtype in ("bf16", "f16"):
+        # PyTorch accumulates half-precision losses in float.
+        w = weight.cast("f32") if weight is not None else None
+        out, total = nll_loss_forward(self.cast("f32"), target, w, reduction, ignore_index)
+        return out.cast(self.dtype), total.cast(self.dtype)
     mask, sample_weight, zero = _nll_parts(self, target, weight, ignore_index)
     picked = mask.where_(self, zero).reduce("sum", [1], False)
     losses = picked.binary("mul", sample_weight).unary("neg")
@@ -290,3 +299,32 @@ def nll_loss2d_backward(grad_output: ET, self: ET, target: ET, weight: ET | None
     c = self.shape[1]
     back = [0, len(spatial) + 1] + list(range(1, len(spatial) + 1))
     return grad.reshape([self.shape[0]] + spatial + [c]).permute(back)
+
+
+@lower("binary_cross_entropy.default")
+def binary_cross_entropy(self: ET, target: ET, weight: ET | None = None, reduction: int = 1) -> ET:
+    """PyTorch's formula, each log clamped at -100: (t - 1) max(log1p(-x), -100)
+    - t max(log x, -100). Inputs outside [0, 1] give NaN here where PyTorch's
+    CPU kernel raises (checking would read the input back)."""
+    from .search import log1p
+
+    if not is_float(self) or not is_float(target):
+        raise Unsupported("binary_cross_entropy of integers")
+    if self.dtype in ("bf16", "f16"):
+        w = weight.cast("f32") if weight is not None else None
+        return binary_cross_entropy(self.cast("f32"), target.cast("f32"), w, reduction).cast(self.dtype)
+    low = log1p(self.unary("neg")).binary("maximum", -100.0)
+    high = self.unary("log").binary("maximum", -100.0)
+    loss = target.binary("sub", 1.0).binary("mul", low).binary("sub", target.binary("mul", high))
+    if weight is not None:
+        loss = loss.binary("mul", weight)
+    return _reduce_loss(loss, reduction)
+
+
+def _reduce_loss(loss: ET, reduction: int) -> ET:
+    if reduction == 0:
+        return loss
+    axes = list(range(len(loss.shape)))
+    if reduction == 1 and math.prod(loss.shape) == 0:
+        return eng().full(float("nan"), [], loss.dtype)
+    return loss.reduce("mean" if reduction == 1 else "sum", axes, False) if axes else loss

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, is_float, lower
-from .lookups import ONE_HOT_LIMIT, _one_hot
+from .lookups import ONE_HOT_LIMIT
 
 
 def _pick_last(table: ET, position: ET, n: int) -> ET:
