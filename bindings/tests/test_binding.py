@@ -122,13 +122,14 @@ def test_debug_mode_reports_nan_with_op():
 
 def test_fallback_warns_once_and_counts():
     deferfuse.reset_fallback_counts()
-    x = torch.randn(5).to("tpu")
-    # flip has no engine lowering (the engine has no reversed slices).
-    with pytest.warns(UserWarning, match="aten::flip"):
-        y = torch.flip(x, [0])
-    close(y, torch.flip(x.cpu(), [0]))
-    torch.flip(x, [0])
-    assert deferfuse.fallback_counts()["aten::flip"] == 2
+    x, toward = torch.randn(5), torch.zeros(5)
+    tx, tt = x.to("tpu"), toward.to("tpu")
+    # nextafter has no engine lowering (the engine has no bit-level ops).
+    with pytest.warns(UserWarning, match="aten::nextafter"):
+        y = torch.nextafter(tx, tt)
+    assert torch.equal(y.cpu(), torch.nextafter(x, toward))
+    torch.nextafter(tx, tt)
+    assert deferfuse.fallback_counts()["aten::nextafter"] == 2
 
 
 def test_unsupported_dtype_stays_correct():
