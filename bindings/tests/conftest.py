@@ -21,3 +21,20 @@ def mode(request):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def nan_mode(request):
+    """The modes without Debug's NaN/Inf check (tests that make NaN or Inf on purpose)."""
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    """Fails the test if any aten op ran through the CPU fallback."""
+    before = deferfuse.fallback_counts()
+    yield
+    used = deferfuse.fallback_counts() - before
+    assert not used, f"fell back to the CPU: {dict(used)}"
+

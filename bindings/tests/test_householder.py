@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import deferfuse
+from helpers import on_tpu
 
 # Reflector products round differently from LAPACK's (another summation
 # order), so values agree to float32 rounding, not bit for bit: the
@@ -16,29 +17,6 @@ import deferfuse
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 SHAPES = [(5, 5), (5, 2), (2, 5), (1, 1), (3, 4, 3), (2, 1, 3, 3), (0, 3), (3, 0), (0, 0), (2, 0, 3), (0, 4, 2)]
-
-
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def nan_mode(request):
-    """The modes without Debug's NaN/Inf check (some tests make NaN on purpose)."""
-    with deferfuse.mode(request.param):
-        yield request.param
-
-
-@pytest.fixture
-def no_fallback():
-    before = deferfuse.fallback_counts()
-    yield
-    used = deferfuse.fallback_counts() - before
-    assert not used, f"fell back to the CPU: {dict(used)}"
-
-
-def on_tpu(fn, *args, **kwargs):
-    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
-    out = fn(*moved, **kwargs)
-    if isinstance(out, tuple):
-        return tuple(o.cpu() for o in out)
-    return out.cpu()
 
 
 def close(got, want, **tol):

@@ -7,32 +7,10 @@ import pytest
 import torch
 
 import deferfuse
+from helpers import on_tpu
 
 # f32 against LAPACK: the same algorithms, other summation orders.
 TOL = dict(rtol=1e-4, atol=1e-5)
-
-
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def nan_mode(request):
-    """The modes without Debug's NaN/Inf check."""
-    with deferfuse.mode(request.param):
-        yield request.param
-
-
-@pytest.fixture
-def no_fallback():
-    before = deferfuse.fallback_counts()
-    yield
-    used = deferfuse.fallback_counts() - before
-    assert not used, f"fell back to the CPU: {dict(used)}"
-
-
-def on_tpu(fn, *args, **kwargs):
-    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
-    out = fn(*moved, **kwargs)
-    if isinstance(out, torch.Tensor):
-        return out.cpu()
-    return type(out)(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
 
 
 def well_conditioned_triangular(*shape, upper):

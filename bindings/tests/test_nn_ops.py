@@ -3,36 +3,11 @@ nn.py, pooling.py, scatter.py): each against CPU eager, including NaN, signed
 zeros, infinities, ties and duplicate indices, and each without the CPU
 fallback."""
 
-import math
 
 import pytest
 import torch
 
-import deferfuse
-
-
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def nan_mode(request):
-    """The modes without Debug's NaN/Inf check (these tests make NaN and Inf on purpose)."""
-    with deferfuse.mode(request.param):
-        yield request.param
-
-
-@pytest.fixture
-def no_fallback():
-    before = deferfuse.fallback_counts()
-    yield
-    used = deferfuse.fallback_counts() - before
-    assert not used, f"fell back to the CPU: {dict(used)}"
-
-
-def on_tpu(fn, *args, **kwargs):
-    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
-    kw = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = fn(*moved, **kw)
-    if isinstance(out, (tuple, list)):
-        return type(out)(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
-    return out.cpu() if isinstance(out, torch.Tensor) else out
+from helpers import on_tpu
 
 
 INF, NAN = float("inf"), float("nan")

@@ -56,3 +56,15 @@ def dims(x: ET, dim: Any) -> list[int]:
 
 def as_float(x: ET) -> ET:
     return x if is_float(x) else x.cast("f32")
+
+
+def broadcast_batch(a: list[int], b: list[int]) -> list[int]:
+    """The broadcast of two batch shapes (NumPy's rule, sizes of 0 kept)."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        x = a[len(a) - 1 - i] if i < len(a) else 1
+        y = b[len(b) - 1 - i] if i < len(b) else 1
+        if x != y and 1 not in (x, y):
+            raise Unsupported("batch dimensions that do not broadcast")
+        out.append(y if x == 1 else x)
+    return out[::-1]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, eng, lower
+from ._registry import Unsupported, broadcast_batch, eng, lower
 
 #: Largest matrix order that is unrolled (each algorithm is n steps of a few ops).
 MAX_N = 64
@@ -60,17 +60,6 @@ def _mT(x: ET) -> ET:
     """The transpose of the last two dimensions."""
     r = len(x.shape)
     return x.permute(list(range(r - 2)) + [r - 1, r - 2])
-
-
-def _broadcast(a: list[int], b: list[int]) -> list[int]:
-    out = []
-    for i in range(max(len(a), len(b))):
-        x = a[len(a) - 1 - i] if i < len(a) else 1
-        y = b[len(b) - 1 - i] if i < len(b) else 1
-        if x != y and 1 not in (x, y):
-            raise Unsupported("batch dimensions that do not broadcast")
-        out.append(y if x == 1 else x)
-    return out[::-1]
 
 
 def _expand_batch(x: ET, batch: list[int]) -> ET:
@@ -134,7 +123,7 @@ def _solve_triangular(a: ET, b: ET, upper: bool, left: bool, unit: bool) -> ET:
     n = _order(a)
     if b.shape[-2 if left else -1] != n:
         raise Unsupported("incompatible shapes (PyTorch raises)")
-    batch = _broadcast(list(a.shape[:-2]), list(b.shape[:-2]))
+    batch = broadcast_batch(list(a.shape[:-2]), list(b.shape[:-2]))
     out_shape = batch + list(b.shape[-2:])
     if math.prod(out_shape) == 0 or n == 0:
         return _zeros(out_shape)
@@ -356,7 +345,7 @@ def _lu_solve(lu: ET, piv: ET, b: ET, left: bool, adjoint: bool) -> ET:
     n = _order(lu)
     if piv.dtype != "i32" or list(piv.shape[-1:]) != [n] or b.shape[-2 if left else -1] != n:
         raise Unsupported("pivots or right-hand side of another shape or dtype (PyTorch raises)")
-    batch = _broadcast(_broadcast(list(lu.shape[:-2]), list(piv.shape[:-1])), list(b.shape[:-2]))
+    batch = broadcast_batch(broadcast_batch(list(lu.shape[:-2]), list(piv.shape[:-1])), list(b.shape[:-2]))
     out_shape = batch + list(b.shape[-2:])
     if math.prod(out_shape) == 0 or n == 0:
         return _zeros(out_shape)
@@ -852,7 +841,7 @@ def linalg_ldl_solve(LD: ET, pivots: ET, B: ET, *, hermitian: bool = False) -> E
     if not isinstance(pivots, ET) or pivots.dtype != "i32" or list(pivots.shape) != list(LD.shape[:-1]) \
             or B.shape[-2] != n:
         raise Unsupported("ldl_solve arguments PyTorch rejects")
-    batch = _broadcast(list(LD.shape[:-2]), list(B.shape[:-2]))
+    batch = broadcast_batch(list(LD.shape[:-2]), list(B.shape[:-2]))
     out_shape = batch + list(B.shape[-2:])
     if math.prod(out_shape) == 0 or n == 0:
         return _zeros(out_shape)

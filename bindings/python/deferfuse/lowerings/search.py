@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, eng, is_float, lower
+from ._registry import Unsupported, broadcast_batch, eng, is_float, lower
 from .lookups import ONE_HOT_LIMIT
 
 
@@ -91,7 +91,7 @@ def cdist(x1: ET, x2: ET, p: float, compute_mode: int | None = None) -> ET:
     if len(x1.shape) < 2 or len(x2.shape) < 2 or x1.shape[-1] != x2.shape[-1] or p < 0:
         raise Unsupported("cdist arguments PyTorch rejects")
     r1, r2, m = x1.shape[-2], x2.shape[-2], x1.shape[-1]
-    batch = _broadcast(list(x1.shape[:-2]), list(x2.shape[:-2]))
+    batch = broadcast_batch(list(x1.shape[:-2]), list(x2.shape[:-2]))
     a = x1.expand(batch + [r1, m])
     b = x2.expand(batch + [r2, m])
     mode = compute_mode or 0
@@ -122,17 +122,6 @@ def cdist(x1: ET, x2: ET, p: float, compute_mode: int | None = None) -> ET:
     if p == float("inf"):
         return diff.reduce("max", [-1], False)
     return diff.binary("pow", float(p)).reduce("sum", [-1], False).binary("pow", 1.0 / float(p))
-
-
-def _broadcast(a: list[int], b: list[int]) -> list[int]:
-    out = []
-    for i in range(max(len(a), len(b))):
-        x = a[len(a) - 1 - i] if i < len(a) else 1
-        y = b[len(b) - 1 - i] if i < len(b) else 1
-        if x != y and 1 not in (x, y):
-            raise Unsupported("batch dimensions that do not broadcast")
-        out.append(max(x, y) if 0 not in (x, y) else 0)
-    return out[::-1]
 
 
 @lower("equal.default")
