@@ -155,3 +155,19 @@ def test_searchsorted_over_rows_longer_than_a_tile(nan_mode, no_fallback, n):
     seq, values = torch.linspace(0, 1, n), torch.rand(5)
     for right in (False, True):
         assert torch.equal(on_tpu(torch.searchsorted, seq, values, right=right), torch.searchsorted(seq, values, right=right))
+
+
+def test_reductions_of_zero_dimensional_and_empty_tensors(nan_mode, no_fallback):
+    # PyTorch's answers for the edge cases: index 0 of a scalar, -inf for the
+    # log of an empty sum, 1 for an empty product.
+    scalar, empty, grid = torch.tensor(2.5), torch.zeros(0, 3), torch.randn(3, 4)
+    for fn, args in [
+        (torch.argmax, (scalar,)), (torch.argmin, (scalar, 0)), (torch.argmax, (grid, None, True)),
+        (torch.argmin, (grid, None, True)), (torch.logsumexp, (scalar, 0)), (torch.logsumexp, (empty, 0)),
+        (torch.logsumexp, (empty, 1, True)), (torch.prod, (empty,)), (torch.prod, (empty, 0)),
+    ]:
+        want, got = fn(*args), on_tpu(fn, *args)
+        assert got.dtype == want.dtype and torch.equal(got, want), (fn, args, got, want)
+    for fn in (torch.max, torch.min):
+        want, got = fn(scalar, 0), on_tpu(fn, scalar, 0)
+        assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)

@@ -55,13 +55,12 @@ def mean_dim(self: ET, dim: Any, keepdim: bool = False, *, dtype: torch.dtype | 
 
 @lower("prod.default")
 def prod_all(self: ET, *, dtype: torch.dtype | None = None) -> ET:
-    _nonempty(self, "prod")
+    # The product of no elements is 1, as the engine's reduction gives it.
     return _reduce_dtype(self, dtype).reduce("prod", dims(self, None), False)
 
 
 @lower("prod.dim_int")
 def prod_dim(self: ET, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> ET:
-    _nonempty(self, "prod")
     if len(self.shape) == 0:
         return _reduce_dtype(self, dtype).reduce("prod", [], False)
     return _reduce_dtype(self, dtype).reduce("prod", [dim], keepdim)
@@ -100,34 +99,47 @@ def min_all(self: ET) -> ET:
 
 @lower("max.dim")
 def max_dim(self: ET, dim: int, keepdim: bool = False) -> tuple[ET, ET]:
-    if len(self.shape) == 0 or self.dtype == "bool":
-        raise Unsupported("max.dim of a zero-dimensional or bool tensor")
+    if self.dtype == "bool":
+        raise Unsupported("max.dim of a bool tensor")
+    if len(self.shape) == 0:  # the value itself, at index 0
+        return self, eng().full(0.0, [], "i64")
     _nonempty(self, "max")
     return self.reduce("max", [dim], keepdim), self.arg_reduce("argmax", dim, keepdim)
 
 
 @lower("min.dim")
 def min_dim(self: ET, dim: int, keepdim: bool = False) -> tuple[ET, ET]:
-    if len(self.shape) == 0 or self.dtype == "bool":
-        raise Unsupported("min.dim of a zero-dimensional or bool tensor")
+    if self.dtype == "bool":
+        raise Unsupported("min.dim of a bool tensor")
+    if len(self.shape) == 0:  # the value itself, at index 0
+        return self, eng().full(0.0, [], "i64")
     _nonempty(self, "min")
     return self.reduce("min", [dim], keepdim), self.arg_reduce("argmin", dim, keepdim)
 
 
+def _arg_extreme(x: ET, kind: str, dim: int | None, keepdim: bool) -> ET:
+    """argmax / argmin: a zero-dimensional tensor's index is 0, and without
+    a dim the index is into the flattened tensor (every dim 1 with keepdim)."""
+    if x.dtype == "bool":
+        raise Unsupported(f"{kind} of a bool tensor")  # PyTorch's own error
+    _nonempty(x, kind)
+    rank = len(x.shape)
+    if rank == 0:
+        return eng().full(0.0, [], "i64")
+    if dim is None:
+        flat = x.reshape([math.prod(x.shape)]).arg_reduce(kind, 0, False)
+        return flat.reshape([1] * rank) if keepdim else flat
+    return x.arg_reduce(kind, dim, keepdim)
+
+
 @lower("argmax.default")
 def argmax(self: ET, dim: int | None = None, keepdim: bool = False) -> ET:
-    if len(self.shape) == 0 or self.dtype == "bool" or (dim is None and keepdim):
-        raise Unsupported("argmax of a zero-dimensional or bool tensor, or with keepdim and no dim")
-    _nonempty(self, "argmax")
-    return self.arg_reduce("argmax", dim, keepdim)
+    return _arg_extreme(self, "argmax", dim, keepdim)
 
 
 @lower("argmin.default")
 def argmin(self: ET, dim: int | None = None, keepdim: bool = False) -> ET:
-    if len(self.shape) == 0 or self.dtype == "bool" or (dim is None and keepdim):
-        raise Unsupported("argmin of a zero-dimensional or bool tensor, or with keepdim and no dim")
-    _nonempty(self, "argmin")
-    return self.arg_reduce("argmin", dim, keepdim)
+    return _arg_extreme(self, "argmin", dim, keepdim)
 
 
 @lower("any.default", "any.dim", "any.dims")
@@ -165,9 +177,13 @@ LOWERINGS["std.correction"] = lambda self, dim=None, *, correction=None, keepdim
 @lower("logsumexp.default")
 def logsumexp(self: ET, dim: Any, keepdim: bool = False) -> ET:
     x = as_float(self)
-    if len(x.shape) == 0 or math.prod(x.shape) == 0:
-        raise Unsupported("logsumexp of a zero-dimensional or empty tensor")
-    axes = dims(x, dim)
+    if len(x.shape) == 0:
+        return logsumexp(x.reshape([1]), [0], False)
+    axes = [a % len(x.shape) for a in dims(x, dim)]
+    if any(x.shape[a] == 0 for a in axes):  # the log of an empty sum
+        shape = [1 if a in axes else n for a, n in enumerate(x.shape)] if keepdim else \
+            [n for a, n in enumerate(x.shape) if a not in axes]
+        return eng().full(float("-inf"), shape, x.dtype)
     m = x.reduce("max", axes, True)
     # An infinite maximum would make x - m NaN; shift by 0 there instead.
     m = m.unary("abs").binary("eq", float("inf")).where_(0.0, m)
