@@ -432,9 +432,9 @@ def copysign(self: Any, other: Any) -> ET:
     if isinstance(other, ET):
         negative = _neg_sign(other.cast("f32") if not is_float(other) else other)
     else:
-        negative = math.copysign(1.0, float(other)) < 0
-        if not isinstance(negative, bool) or math.isnan(float(other)):
+        if math.isnan(float(other)):
             raise Unsupported("copysign with a NaN scalar")
+        negative = math.copysign(1.0, float(other)) < 0
         return x.unary("abs").unary("neg") if negative else x.unary("abs")
     magnitude = x.unary("abs")
     return negative.where_(magnitude.unary("neg"), magnitude)

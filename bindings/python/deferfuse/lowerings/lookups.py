@@ -143,7 +143,7 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
     """Bags as masked reductions over [B, T, D]: sum (times the per-sample
     weights), mean over the non-padding tokens, or max; empty bags give 0.
     The other three outputs (only backward reads them) have PyTorch's shapes."""
-    if len(weight.shape) != 2 or not weight.dtype.startswith(("f", "b")) or weight.dtype == "bool":
+    if len(weight.shape) != 2 or weight.dtype not in ("f32", "bf16", "f16"):
         raise Unsupported("embedding_bag of a non-float table")
     if weight.dtype in ("bf16", "f16"):
         # Accumulate in float, round once.
@@ -188,11 +188,10 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
             total = total.binary("div", count.binary("maximum", 1).cast(weight.dtype).reshape([b, 1]))
         out = total.cast(weight.dtype)
         max_indices = count if mode == 1 else eng().full(0.0, [b], "i64")
-    bag_of = member.cast("i64").binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1])).reduce("sum", [0], False)
     if mode == 0 and per_sample_weights is None:
         offset2bag = eng().full(0.0, [0], "i64")
-    else:
-        offset2bag = bag_of
+    else:  # the bag of each token
+        offset2bag = member.cast("i64").binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1])).reduce("sum", [0], False)
     bag_size = count if mode != 0 else eng().full(0.0, [b], "i64")
     return out, offset2bag, bag_size, max_indices
 
@@ -210,15 +209,9 @@ def embedding_renorm(self: ET, indices: ET, max_norm: float, norm_type: float) -
     _check_size(t, v)
     named = _one_hot(indices.reshape([t]).cast("i64"), v).cast("i32").reduce("max", [0], False).binary("gt", 0)  # [V]
     x = self.cast("f32")
-    a = x.unary("abs")
-    if norm_type == 2:
-        norm = a.binary("mul", a).reduce("sum", [1], False).unary("sqrt")
-    elif norm_type == 1:
-        norm = a.reduce("sum", [1], False)
-    elif norm_type == float("inf"):
-        norm = a.reduce("max", [1], False)
-    else:
-        norm = a.binary("pow", float(norm_type)).reduce("sum", [1], False).binary("pow", 1.0 / float(norm_type))
+    from .reductions import vector_norm  # (reductions imports this module)
+
+    norm = vector_norm(x, norm_type, [1])
     scale = norm.binary("add", 1e-7).unary("reciprocal").binary("mul", float(max_norm))
     shrink = named.binary("logical_and", norm.binary("gt", float(max_norm)))
     return shrink.reshape([v, 1]).where_(x.binary("mul", scale.reshape([v, 1])), x).cast(self.dtype)

@@ -19,7 +19,7 @@ import torch
 from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, is_float, lower
 from .lookups import ONE_HOT_LIMIT, _move_back, _move_last
-from .nn import _pool_param
+from .nn import _offsets, _pool_param
 
 
 def const(t: torch.Tensor) -> ET:
@@ -482,13 +482,6 @@ def _round_half_even(v: ET) -> ET:
     from .elementwise import _round_even
 
     return _round_even(v)
-
-
-def _offsets(k: list[int]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for kk in k:
-        out = [o + (i,) for o in out for i in range(kk)]
-    return out
 
 
 @lower("grid_sampler_2d.default")

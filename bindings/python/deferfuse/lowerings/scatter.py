@@ -14,11 +14,12 @@ larger ones of those stay on the CPU (`_SERIAL_LIMIT`). Masks larger than
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, eng, is_float, lower, need_tensor
+from ._registry import Unsupported, broadcast_batch, eng, is_float, lower, need_tensor
 from .lookups import _check_size, _move_back, _move_last, _one_hot, index_select
 
 
@@ -273,19 +274,6 @@ def take(self: ET, index: ET) -> ET:
 # ---- advanced indexing ----------------------------------------------------------
 
 
-def _broadcast_shapes(shapes: list[list[int]]) -> list[int]:
-    rank = max(len(s) for s in shapes)
-    out = [1] * rank
-    for s in shapes:
-        for i, size in enumerate(s):
-            at = rank - len(s) + i
-            if size != 1:
-                if out[at] not in (1, size):
-                    raise Unsupported("indices that do not broadcast")
-                out[at] = size
-    return out
-
-
 def _linear_index(self: ET, indices: list[Any]) -> tuple[list[int], list[int], ET, list[int], int]:
     """The indexed axes, the others, the flat position [b] within the
     indexed axes (negatives wrapped), the broadcast index shape and the
@@ -299,7 +287,7 @@ def _linear_index(self: ET, indices: list[Any]) -> tuple[list[int], list[int], E
         i = indices[a]
         if not isinstance(i, ET) or i.dtype not in ("i64", "i32"):
             raise Unsupported("bool or non-tensor indices")  # bool masks have data-dependent shapes
-    shape = _broadcast_shapes([list(indices[a].shape) for a in axes])
+    shape = functools.reduce(broadcast_batch, [list(indices[a].shape) for a in axes])
     b = math.prod(shape)
     flat = None
     span = 1
