@@ -171,3 +171,18 @@ def test_reductions_of_zero_dimensional_and_empty_tensors(nan_mode, no_fallback)
     for fn in (torch.max, torch.min):
         want, got = fn(scalar, 0), on_tpu(fn, scalar, 0)
         assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.sort(x, dim=5), lambda x: torch.roll(x, 1, 7), lambda x: torch.flip(x, [3]),
+    lambda x: torch.unique(x, dim=4), lambda x: torch.var_mean(x, 9), lambda x: torch.topk(x, 1, dim=3),
+    lambda x: torch.cumsum(x, 6), lambda x: x.scatter(5, torch.zeros(3, 4, dtype=torch.long, device=x.device), 1.0),
+    lambda x: torch.gather(x, 4, torch.zeros(3, 4, dtype=torch.long, device=x.device)),
+    lambda x: torch.index_select(x, 3, torch.zeros(2, dtype=torch.long, device=x.device)),
+])
+def test_a_dim_out_of_range_is_pytorchs_index_error(nan_mode, call):
+    # Lowerings never wrap an out-of-range dim around: PyTorch raises.
+    with pytest.raises(IndexError, match="out of range"):
+        call(torch.randn(3, 4))
+    with pytest.raises(IndexError, match="out of range"):
+        call(torch.randn(3, 4).to("tpu"))

@@ -54,6 +54,14 @@ def dims(x: ET, dim: Any) -> list[int]:
     return list(dim) if isinstance(dim, (list, tuple)) else [dim]
 
 
+def axis(dim: int, rank: int) -> int:
+    """`dim` in [-rank, rank) as a non-negative axis. Out of range, the op goes
+    to the CPU, where PyTorch raises its own IndexError."""
+    if not -rank <= dim < rank:
+        raise Unsupported(f"dim {dim} out of range for rank {rank}")
+    return dim % rank
+
+
 def as_float(x: ET) -> ET:
     return x if is_float(x) else x.cast("f32")
 

@@ -38,6 +38,7 @@ import torch
 from .._engine import Tensor as ET
 from .._handles import from_cpu_value
 from ._registry import Unsupported, eng, lower
+from ._registry import axis as as_axis  # segment_reduce has an argument named axis
 from .lookups import ONE_HOT_LIMIT
 
 def _check_input(x: ET, weight: ET | None) -> None:
@@ -327,7 +328,7 @@ def segment_reduce(data: ET, reduce: str, *, lengths: ET | None = None, indices:
     if not isinstance(bounds, ET) or bounds.dtype not in ("i64", "i32") or len(data.shape) == 0:
         raise Unsupported("segment_reduce without integer lengths or offsets")
     rank = len(data.shape)
-    axis %= rank
+    axis = as_axis(axis, rank)
     if len(bounds.shape) != axis + 1 or list(bounds.shape[:-1]) != list(data.shape[:axis]):
         raise Unsupported("lengths / offsets that do not match the data's leading dimensions")
     start, end = _segment_bounds(lengths, offsets)  # [outer..., S]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, eng, lower
+from ._registry import Unsupported, axis, eng, lower
 
 
 ONE_HOT_LIMIT = 1 << 22
@@ -47,7 +47,7 @@ def _move_back(x: ET, dim: int) -> ET:
 def index_select(self: ET, dim: int, index: ET) -> ET:
     if len(self.shape) == 0 or len(index.shape) > 1 or index.dtype not in ("i64", "i32") or math.prod(self.shape) == 0:
         raise Unsupported("index_select of a zero-dimensional or empty tensor")
-    dim %= len(self.shape)
+    dim = axis(dim, len(self.shape))
     n, m = self.shape[dim], math.prod(index.shape)
     rest = math.prod(self.shape) // n
     _check_size(m, n, rest)
@@ -89,13 +89,13 @@ def embedding_dense_backward(grad_output: ET, indices: ET, num_weights: int, pad
 def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     if len(self.shape) == 0 or len(index.shape) != len(self.shape) or math.prod(index.shape) == 0:
         raise Unsupported("gather of zero-dimensional or empty tensors")
-    dim %= len(self.shape)
+    dim = axis(dim, len(self.shape))
     n = self.shape[dim]
     _check_size(math.prod(index.shape), n)
     x = self
-    for axis, (size, want) in enumerate(zip(self.shape, index.shape)):
-        if axis != dim and want < size:
-            x = x.slice(axis, 0, want, 1)
+    for a, (size, want) in enumerate(zip(self.shape, index.shape)):
+        if a != dim and want < size:
+            x = x.slice(a, 0, want, 1)
     x = _move_last(x, dim)  # [..., n]
     idx = _move_last(index.cast("i64"), dim)  # [..., m]
     mask = _one_hot(idx, n)  # [..., m, n]

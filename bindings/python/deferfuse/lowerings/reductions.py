@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .._engine import Tensor as ET
-from ._registry import LOWERINGS, Unsupported, as_float, dims, dt, eng, is_float, lower
+from ._registry import LOWERINGS, Unsupported, as_float, axis, dims, dt, eng, is_float, lower
 from .lookups import _check_size, _move_back, _move_last
 
 
@@ -35,7 +35,7 @@ def _mean(x: ET, axes: list[int], keepdim: bool) -> ET:
         if not is_float(x):
             raise Unsupported("mean of an empty integer tensor")
         rank = len(x.shape)
-        picked = {a % rank for a in axes}
+        picked = {axis(a, rank) for a in axes}
         shape = [1 if a in picked else n for a, n in enumerate(x.shape) if keepdim or a not in picked]
         return eng().full(float("nan"), shape, x.dtype)
     return x.reduce("mean", axes, keepdim)
@@ -226,7 +226,7 @@ def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
         return x if dtype is not None or x.dtype not in ("bool", "i32") else x.cast("i64")
     if x.dtype in ("bool", "i32"):
         x = x.cast("i64")
-    dim %= len(x.shape)
+    dim = axis(dim, len(x.shape))
     n = x.shape[dim]
     _check_size(math.prod(x.shape), n)
     # out[..., i] = sum over j <= i of x[..., j]

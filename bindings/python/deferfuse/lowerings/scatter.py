@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, broadcast_batch, eng, is_float, lower, need_tensor
+from ._registry import Unsupported, axis, broadcast_batch, eng, is_float, lower, need_tensor
 from .lookups import _check_size, _move_back, _move_last, _one_hot, index_select
 
 
@@ -98,7 +98,7 @@ def _scatter(self: ET, dim: int, index: ET, src: Any, mode: str, include_self: b
     rank = len(self.shape)
     if len(index.shape) != rank or (isinstance(src, ET) and len(src.shape) != rank):
         raise Unsupported("scatter with index or src of another rank")
-    dim %= rank
+    dim = axis(dim, rank)
     if math.prod(index.shape) == 0:
         return self
     n = self.shape[dim]
@@ -106,15 +106,15 @@ def _scatter(self: ET, dim: int, index: ET, src: Any, mode: str, include_self: b
         raise Unsupported("index larger than self")
     _check_size(math.prod(index.shape), n)
     region = self
-    for axis, (i, s) in enumerate(zip(index.shape, self.shape)):
-        if axis != dim and i < s:
-            region = region.slice(axis, 0, i, 1)
+    for a, (i, s) in enumerate(zip(index.shape, self.shape)):
+        if a != dim and i < s:
+            region = region.slice(a, 0, i, 1)
     if isinstance(src, ET):
         if any(i > s for i, s in zip(index.shape, src.shape)):
             raise Unsupported("src smaller than index")
-        for axis, (i, s) in enumerate(zip(index.shape, src.shape)):
+        for a, (i, s) in enumerate(zip(index.shape, src.shape)):
             if i < s:
-                src = src.slice(axis, 0, i, 1)
+                src = src.slice(a, 0, i, 1)
         src = _move_last(src.cast(self.dtype), dim)
     else:
         src = _scalar(src, self.dtype)
@@ -139,14 +139,14 @@ def _stitch(region: ET, self: ET, dim: int) -> ET:
     """`region` (self's leading block on the axes other than dim) completed
     with the rest of self."""
     out = region
-    for axis, (have, want) in enumerate(zip(region.shape, self.shape)):
-        if axis == dim or have == want:
+    for a, (have, want) in enumerate(zip(region.shape, self.shape)):
+        if a == dim or have == want:
             continue
-        rest = self.slice(axis, have, want, 1)
-        for later in range(axis + 1, len(self.shape)):
+        rest = self.slice(a, have, want, 1)
+        for later in range(a + 1, len(self.shape)):
             if later != dim and region.shape[later] < self.shape[later]:
                 rest = rest.slice(later, 0, region.shape[later], 1)
-        out = eng().cat([out, rest], axis)
+        out = eng().cat([out, rest], a)
     return out
 
 
@@ -187,7 +187,7 @@ def _spread_index(self: ET, dim: int, index: ET, source: ET) -> tuple[int, ET, E
         raise Unsupported("index that is not a vector of integers")
     if len(self.shape) == 0:
         return 0, index.reshape([1]), source.reshape([1])
-    dim %= len(self.shape)
+    dim = axis(dim, len(self.shape))
     if len(source.shape) != len(self.shape):
         raise Unsupported("source of another rank")
     m = math.prod(index.shape)
@@ -231,7 +231,7 @@ def index_fill(self: ET, dim: int, index: ET, value: Any) -> ET:
         raise Unsupported("index that is not a vector of integers")
     if len(self.shape) == 0:
         return index_fill(self.reshape([1]), 0, index, value).reshape([])
-    dim %= len(self.shape)
+    dim = axis(dim, len(self.shape))
     n = self.shape[dim]
     m = math.prod(index.shape)
     idx = index.reshape([m]).cast("i64")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, eng, is_float, lower
+from ._registry import Unsupported, axis, eng, is_float, lower
 from .lookups import ONE_HOT_LIMIT, _move_back, _move_last
 
 
@@ -138,7 +138,7 @@ def _sort(x: ET, dim: int, descending: bool, stable: bool) -> tuple[ET, ET]:
         if dim not in (0, -1):
             raise Unsupported("sort of a zero-dimensional tensor along another dim")
         return x, eng().full(0.0, [], "i64")
-    dim %= len(x.shape)
+    dim = axis(dim, len(x.shape))
     if math.prod(x.shape) == 0:
         return x, eng().full(0.0, list(x.shape), "i64")
     moved = _move_last(x, dim)
@@ -342,7 +342,7 @@ def unique_dim(self: ET, dim: int, sorted: bool = True, return_inverse: bool = F
     slices back to the host."""
     if not isinstance(self, ET) or len(self.shape) == 0:
         raise Unsupported("unique_dim of a zero-dimensional tensor")
-    dim %= len(self.shape)
+    dim = axis(dim, len(self.shape))
     if self.shape[dim] == 0:
         return self, _empty_i64([0]), _empty_i64([0])
     if math.prod(self.shape) == 0:
@@ -371,7 +371,7 @@ def unique_consecutive(self: ET, return_inverse: bool = False, return_counts: bo
     if dim is not None:
         if len(self.shape) == 0:
             raise Unsupported("unique_consecutive of a zero-dimensional tensor along a dim")
-        dim %= len(self.shape)
+        dim = axis(dim, len(self.shape))
     if dim is None and math.prod(self.shape) == 0:
         return self.reshape([0]), _empty_i64(list(self.shape) if return_inverse else [0]), _empty_i64([0])
     if dim is not None and self.shape[dim] == 0:
@@ -428,7 +428,7 @@ def _pick(rank: ET, value: ET, slot: ET) -> ET:
 def _rows_last(x: ET, dim: int) -> tuple[ET, int]:
     if len(x.shape) == 0:
         raise Unsupported("zero-dimensional")
-    dim %= len(x.shape)
+    dim = axis(dim, len(x.shape))
     if math.prod(x.shape) == 0:
         raise Unsupported("an empty tensor")
     moved = _move_last(x, dim)

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, dims, eng, is_float, lower
+from ._registry import Unsupported, axis, dims, eng, is_float, lower
 from .lookups import index_select
 
 #: Axes up to this long are reversed by concatenating one-element slices;
@@ -36,7 +36,7 @@ def _moments(self: ET, dim: Any, correction: Any, keepdim: bool) -> tuple[ET, ET
     if len(x.shape) == 0:
         x, axes, keepdim = x.reshape([1]), [0], False
     else:
-        axes = [a % len(x.shape) for a in dims(x, dim)]
+        axes = [axis(a, len(x.shape)) for a in dims(x, dim)]
     n = math.prod(x.shape[a] for a in axes)
     c = 1.0 if correction is None else float(correction)
     if n == 0:
@@ -92,8 +92,8 @@ def roll(self: ET, shifts: Any, dims: Any = ()) -> ET:
     if len(shifts) != len(dims_) or len(self.shape) == 0:
         raise Unsupported("roll arguments PyTorch rejects")
     x = self
-    for shift, axis in zip(shifts, dims_):
-        x = _roll_axis(x, shift, axis % len(self.shape))
+    for shift, along in zip(shifts, dims_):
+        x = _roll_axis(x, shift, axis(along, len(self.shape)))
     return x
 
 
@@ -114,13 +114,13 @@ def flip(self: ET, dims: Any) -> ET:
     if len(self.shape) == 0:
         return self
     rank = len(self.shape)
-    listed = [d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    listed = [axis(d, rank) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
     if len(set(listed)) != len(listed):
         raise Unsupported("repeated dims (PyTorch raises)")
     axes = sorted(listed)
     x = self
-    for axis in axes:
-        x = _reverse_axis(x, axis)
+    for a in axes:
+        x = _reverse_axis(x, a)
     return x
 
 
