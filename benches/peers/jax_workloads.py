@@ -93,9 +93,14 @@ def transformer_block(x, wq, wk, wv, wo, w1, w2, g1, b1, g2, b2):
 
 
 def inputs(name, quick):
-    pick = lambda full, small: small if quick else full
     rng = np.random.default_rng(0)
-    randn = lambda shape, scale=1.0: (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def pick(full, small):
+        return small if quick else full
+
+    def randn(shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
     if name == "gelu_tanh":
         return gelu_tanh, [randn((pick(4 << 20, 1 << 20),))]
     if name == "layer_norm":
@@ -116,7 +121,12 @@ def inputs(name, quick):
         ]
     if name == "adam_step":
         n = pick(10_000_000, 2_000_000)
-        return adam_step, [randn((n,)), randn((n,), 0.01), (rng.random(n) * 1e-4).astype(np.float32), randn((n,), 0.01)]
+        return adam_step, [
+            randn((n,)),
+            randn((n,), 0.01),
+            (rng.random(n) * 1e-4).astype(np.float32),
+            randn((n,), 0.01),
+        ]
     if name == "transformer_block":
         batch, seq, width = pick(8, 2), 128, 256
         s = 1 / math.sqrt(width)
@@ -158,7 +168,12 @@ class Peer:
 def measure(name, quick, runs, donate):
     peer = Peer(name, quick, donate)
     times = sorted(peer.step() for _ in range(runs))
-    return {"workload": name, "jax_ms": times[len(times) // 2], "jax_min_ms": times[0], "jax_compile_ms": peer.compile_ms}
+    return {
+        "workload": name,
+        "jax_ms": times[len(times) // 2],
+        "jax_min_ms": times[0],
+        "jax_compile_ms": peer.compile_ms,
+    }
 
 
 def serve(quick, donate):
@@ -184,9 +199,13 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--workload", action="append", default=[])
-    parser.add_argument("--plugin", default=None, help="a PJRT plugin library to run on instead of jaxlib's CPU client")
+    parser.add_argument(
+        "--plugin", default=None, help="a PJRT plugin library to run on instead of jaxlib's CPU client"
+    )
     parser.add_argument("--donate", action="store_true", help="donate the Adam step's state to the step")
-    parser.add_argument("--serve", action="store_true", help="answer prepare/run requests on stdin (for compare)")
+    parser.add_argument(
+        "--serve", action="store_true", help="answer prepare/run requests on stdin (for compare)"
+    )
     args = parser.parse_args()
     use_platform(args.plugin)
     if args.serve:

@@ -31,7 +31,8 @@ pub struct Workload {
     pub carried: usize,
 }
 
-pub const NAMES: [&str; 6] = ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"];
+pub const NAMES: [&str; 6] =
+    ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"];
 
 /// Builds workload `name` in `ctx`.
 pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
@@ -40,16 +41,26 @@ pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
         Size::Quick => small,
         Size::Tiny => (small / 8).max(1),
     };
-    let randn = |shape: &[usize], seed: u64, scale: f64| ctx.randn(shape, DType::F32, seed)?.mul(scale);
+    let randn =
+        |shape: &[usize], seed: u64, scale: f64| ctx.randn(shape, DType::F32, seed)?.mul(scale);
     let (inputs, step): (Vec<Tensor>, fn(&[Tensor]) -> Result<Vec<Tensor>>) = match name {
-        "gelu_tanh" => (vec![randn(&[pick(4 << 20, 1 << 20)], 1, 1.0)?], |t| Ok(vec![gelu_tanh(&t[0])?])),
+        "gelu_tanh" => {
+            (vec![randn(&[pick(4 << 20, 1 << 20)], 1, 1.0)?], |t| Ok(vec![gelu_tanh(&t[0])?]))
+        }
         "layer_norm" => {
             let rows = pick(8192, 2048);
-            (vec![randn(&[rows, 1024], 2, 1.0)?, randn(&[1024], 3, 1.0)?, randn(&[1024], 4, 1.0)?], |t| {
-                Ok(vec![layer_norm(&t[0], &t[1], &t[2])?])
-            })
+            (
+                vec![
+                    randn(&[rows, 1024], 2, 1.0)?,
+                    randn(&[1024], 3, 1.0)?,
+                    randn(&[1024], 4, 1.0)?,
+                ],
+                |t| Ok(vec![layer_norm(&t[0], &t[1], &t[2])?]),
+            )
         }
-        "softmax" => (vec![randn(&[pick(8192, 2048), 1024], 5, 2.0)?], |t| Ok(vec![softmax(&t[0])?])),
+        "softmax" => {
+            (vec![randn(&[pick(8192, 2048), 1024], 5, 2.0)?], |t| Ok(vec![softmax(&t[0])?]))
+        }
         "mlp_block" => {
             let (rows, width, hidden) = (256, pick(1024, 512), pick(4096, 2048));
             let inputs = vec![
@@ -66,22 +77,46 @@ pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
         "adam_step" => {
             let n = pick(10_000_000, 2_000_000);
             // p, m, v (a second moment: non-negative), g.
-            let inputs = vec![randn(&[n], 13, 1.0)?, randn(&[n], 14, 0.01)?, ctx.rand(&[n], DType::F32, 16)?.mul(1e-4)?, randn(&[n], 15, 0.01)?];
+            let inputs = vec![
+                randn(&[n], 13, 1.0)?,
+                randn(&[n], 14, 0.01)?,
+                ctx.rand(&[n], DType::F32, 16)?.mul(1e-4)?,
+                randn(&[n], 15, 0.01)?,
+            ];
             (inputs, |t| adam_step(&t[0], &t[1], &t[2], &t[3], 3))
         }
         "transformer_block" => {
             let (batch, seq, width) = (pick(8, 2), 128, 256);
             let s = 1.0 / (width as f64).sqrt();
             let mut inputs = vec![randn(&[batch, seq, width], 20, 1.0)?];
-            for (i, shape) in [[width, width], [width, width], [width, width], [width, width], [4 * width, width], [width, 4 * width]].iter().enumerate() {
+            for (i, shape) in [
+                [width, width],
+                [width, width],
+                [width, width],
+                [width, width],
+                [4 * width, width],
+                [width, 4 * width],
+            ]
+            .iter()
+            .enumerate()
+            {
                 inputs.push(randn(shape, 21 + i as u64, s)?);
             }
             for i in 0..4 {
-                inputs.push(randn(&[width], 30 + i, 0.1)?.add(if i % 2 == 0 { 1.0 } else { 0.0 })?);
+                inputs.push(randn(&[width], 30 + i, 0.1)?.add(if i % 2 == 0 {
+                    1.0
+                } else {
+                    0.0
+                })?);
             }
             (inputs, |t| Ok(vec![transformer_block(t)?]))
         }
-        other => return Err(deferfuse::Error::attr("workload", format!("unknown workload {other:?}; known: {NAMES:?}"))),
+        other => {
+            return Err(deferfuse::Error::attr(
+                "workload",
+                format!("unknown workload {other:?}; known: {NAMES:?}"),
+            ))
+        }
     };
     ctx.sync()?;
     let carried = if name == "adam_step" { 3 } else { 0 };
@@ -112,7 +147,15 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
 }
 
 /// `LayerNorm(x + W2 · GELU(W1 · x + b1) + b2)`.
-pub fn mlp_block(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
+pub fn mlp_block(
+    x: &Tensor,
+    w1: &Tensor,
+    b1: &Tensor,
+    w2: &Tensor,
+    b2: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+) -> Result<Tensor> {
     let h = gelu_tanh(&x.matmul(&w1.t()?)?.add(b1)?)?;
     let y = h.matmul(&w2.t()?)?.add(b2)?.add(x)?;
     layer_norm(&y, gamma, beta)

@@ -39,10 +39,18 @@ pub fn reference(name: &str, inputs: &[Array]) -> Result<Vec<Array>> {
         "mlp_block" => 7,
         "adam_step" => 4,
         "transformer_block" => 11,
-        other => return Err(Error::attr("reference64", format!("unknown workload {other:?}; known: {:?}", crate::NAMES))),
+        other => {
+            return Err(Error::attr(
+                "reference64",
+                format!("unknown workload {other:?}; known: {:?}", crate::NAMES),
+            ))
+        }
     };
     if inputs.len() != expected {
-        return Err(Error::attr("reference64", format!("workload {name} takes {expected} inputs, got {}", inputs.len())));
+        return Err(Error::attr(
+            "reference64",
+            format!("workload {name} takes {expected} inputs, got {}", inputs.len()),
+        ));
     }
     let i = inputs;
     Ok(match name {
@@ -69,7 +77,9 @@ pub fn layer_norm(x: &Array, gamma: &Array, beta: &Array) -> Array {
         let mean = row.iter().sum::<f64>() / n as f64;
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
         let std = (var + 1e-5).sqrt();
-        out.extend(row.iter().zip(&gamma.data).zip(&beta.data).map(|((v, g), b)| (v - mean) / std * g + b));
+        out.extend(
+            row.iter().zip(&gamma.data).zip(&beta.data).map(|((v, g), b)| (v - mean) / std * g + b),
+        );
     }
     Array::new(&x.shape, out)
 }
@@ -92,7 +102,11 @@ fn matmul_t(x: &Array, w: &Array) -> Array {
     assert_eq!(w.cols(), inner, "matmul_t: inner sizes differ");
     let mut out = Vec::with_capacity(x.data.len() / inner * outer);
     for row in x.data.chunks(inner) {
-        out.extend(w.data.chunks(inner).map(|w_row| row.iter().zip(w_row).map(|(a, b)| a * b).sum::<f64>()));
+        out.extend(
+            w.data
+                .chunks(inner)
+                .map(|w_row| row.iter().zip(w_row).map(|(a, b)| a * b).sum::<f64>()),
+        );
     }
     let mut shape = x.shape.clone();
     *shape.last_mut().unwrap() = outer;
@@ -106,7 +120,15 @@ fn add(x: &Array, y: &Array) -> Array {
 }
 
 /// `LayerNorm(x + W2 · GELU(W1 · x + b1) + b2)`.
-pub fn mlp_block(x: &Array, w1: &Array, b1: &Array, w2: &Array, b2: &Array, gamma: &Array, beta: &Array) -> Array {
+pub fn mlp_block(
+    x: &Array,
+    w1: &Array,
+    b1: &Array,
+    w2: &Array,
+    b2: &Array,
+    gamma: &Array,
+    beta: &Array,
+) -> Array {
     let h = gelu_tanh(&add(&matmul_t(x, w1), b1));
     let y = add(&add(&matmul_t(&h, w2), b2), x);
     layer_norm(&y, gamma, beta)
@@ -118,7 +140,8 @@ pub fn adam_step(p: &Array, m: &Array, v: &Array, g: &Array, t: i32) -> Vec<Arra
     let (lr, beta1, beta2, eps): (f64, f64, f64, f64) = (1e-3, 0.9, 0.999, 1e-8);
     let (c1, c2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
     let n = p.data.len();
-    let (mut p_new, mut m_new, mut v_new) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut p_new, mut m_new, mut v_new) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
         let gi = g.data[i];
         let mi = m.data[i] * beta1 + gi * (1.0 - beta1);
@@ -152,7 +175,11 @@ pub fn transformer_block(t: &[Array]) -> Array {
         for hd in 0..heads {
             for i in 0..seq {
                 let qi = at(&q, b, i, hd);
-                let scores: Vec<f64> = (0..seq).map(|j| qi.iter().zip(at(&k, b, j, hd)).map(|(a, c)| a * c).sum::<f64>() * scale).collect();
+                let scores: Vec<f64> = (0..seq)
+                    .map(|j| {
+                        qi.iter().zip(at(&k, b, j, hd)).map(|(a, c)| a * c).sum::<f64>() * scale
+                    })
+                    .collect();
                 let probs = softmax(&Array::new(&[seq], scores));
                 let out = &mut merged[(b * seq + i) * width + hd * head_dim..][..head_dim];
                 for (j, p) in probs.data.iter().enumerate() {
@@ -195,7 +222,15 @@ pub struct ErrorStats {
 /// Compares `actual` with `reference` element by element.
 pub fn error_stats(actual: &[f64], reference: &[f64]) -> ErrorStats {
     assert_eq!(actual.len(), reference.len(), "error_stats: lengths differ");
-    let mut s = ErrorStats { max_abs: 0.0, max_rel: 0.0, rms: 0.0, ref_rms: 0.0, compared: 0, nonfinite_agree: 0, nonfinite_disagree: 0 };
+    let mut s = ErrorStats {
+        max_abs: 0.0,
+        max_rel: 0.0,
+        rms: 0.0,
+        ref_rms: 0.0,
+        compared: 0,
+        nonfinite_agree: 0,
+        nonfinite_disagree: 0,
+    };
     let (mut sum_sq, mut ref_sum_sq) = (0.0, 0.0);
     for (&a, &r) in actual.iter().zip(reference) {
         if !a.is_finite() || !r.is_finite() {
@@ -246,7 +281,10 @@ impl HostInput {
             HostData::F32(v) => ctx.from_slice(v, &self.shape),
             HostData::BF16(v) => ctx.from_slice(v, &self.shape),
             HostData::F16(v) => ctx.from_slice(v, &self.shape),
-            other => Err(Error::attr("reference64", format!("workload inputs are floats, got {}", other.dtype()))),
+            other => Err(Error::attr(
+                "reference64",
+                format!("workload inputs are floats, got {}", other.dtype()),
+            )),
         }
     }
 }
@@ -254,10 +292,18 @@ impl HostInput {
 /// Builds the inputs of workload `name` in f32 (in a Strict context, as the
 /// workloads do), casts them to `dtype` with the engine, and brings them to
 /// the host; also returns the workload's step.
-pub fn workload_inputs(name: &str, size: crate::Size, dtype: DType) -> Result<(Vec<HostInput>, Step)> {
+pub fn workload_inputs(
+    name: &str,
+    size: crate::Size,
+    dtype: DType,
+) -> Result<(Vec<HostInput>, Step)> {
     let ctx = Context::new(Config::default())?;
     let w = crate::workload(&ctx, name, size)?;
-    let inputs = w.inputs.iter().map(|t| HostInput::of_tensor(&t.to_dtype(dtype)?)).collect::<Result<Vec<_>>>()?;
+    let inputs = w
+        .inputs
+        .iter()
+        .map(|t| HostInput::of_tensor(&t.to_dtype(dtype)?))
+        .collect::<Result<Vec<_>>>()?;
     Ok((inputs, w.step))
 }
 

@@ -6,7 +6,9 @@
 //! wrong formula, head split or bias correction fails here, so the bf16
 //! comparisons below measure the engine and not a mistake of the reference.
 
-use benches::reference64::{error_stats, reference, run_step, workload_inputs, Array, HostInput, RELATIVE_FLOOR};
+use benches::reference64::{
+    error_stats, reference, run_step, workload_inputs, Array, HostInput, RELATIVE_FLOOR,
+};
 use benches::{Size, NAMES};
 use deferfuse::differential::{close, tolerance};
 use deferfuse::{Config, DType, FusedRounding, HostData, Mode};
@@ -44,7 +46,10 @@ fn reference_agrees_with_f32_strict_within_the_f32_tolerance() {
             // half the places: the workload draws the second moment `v` from
             // randn, and the square root of a negative `v` is NaN.
             let stats = error_stats(&a, &e.data);
-            assert!(stats.compared * 3 >= a.len() && stats.ref_rms > 0.0, "{name}[{i}]: too few finite values: {stats:?}");
+            assert!(
+                stats.compared * 3 >= a.len() && stats.ref_rms > 0.0,
+                "{name}[{i}]: too few finite values: {stats:?}"
+            );
         }
     }
 }
@@ -61,8 +66,17 @@ fn bf16_fused_once_is_no_less_accurate_than_eager_on_elementwise_workloads() {
         };
         let (eager, once) = (error(strict()), error(fused(FusedRounding::Once)));
         assert!(eager.rms > 0.0, "{name}: bf16 Strict equals the f64 reference exactly, so nothing was rounded: {eager:?}");
-        assert!(once.rms <= eager.rms, "{name}: fused `once` RMS error {} exceeds eager bf16's {}", once.rms, eager.rms);
-        assert_eq!(once.nonfinite_disagree + eager.nonfinite_disagree, 0, "{name}: non-finite values where the reference has none");
+        assert!(
+            once.rms <= eager.rms,
+            "{name}: fused `once` RMS error {} exceeds eager bf16's {}",
+            once.rms,
+            eager.rms
+        );
+        assert_eq!(
+            once.nonfinite_disagree + eager.nonfinite_disagree,
+            0,
+            "{name}: non-finite values where the reference has none"
+        );
     }
 }
 
@@ -77,9 +91,20 @@ fn per_op_repeats_eager_bit_for_bit() {
         let eager = run_step(strict(), step, &inputs).unwrap();
         let fused = run_step(per_op.clone(), step, &inputs).unwrap();
         for (i, (e, f)) in eager.iter().zip(&fused).enumerate() {
-            let (HostData::BF16(e), HostData::BF16(f)) = (e, f) else { panic!("{name}[{i}]: outputs are not bf16") };
-            let differ = e.iter().zip(f).filter(|(a, b)| a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan())).count();
-            assert_eq!(differ, 0, "{name}[{i}]: {differ} of {} elements differ from eager", e.len());
+            let (HostData::BF16(e), HostData::BF16(f)) = (e, f) else {
+                panic!("{name}[{i}]: outputs are not bf16")
+            };
+            let differ = e
+                .iter()
+                .zip(f)
+                .filter(|(a, b)| a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()))
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "{name}[{i}]: {differ} of {} elements differ from eager",
+                e.len()
+            );
         }
     }
 }

@@ -78,6 +78,7 @@ def run_one(workload: str, config: str, reps: int) -> dict[str, Any]:
         def call() -> Any:
             return compiled(*args)
     else:
+
         def call() -> Any:
             return fn(*args)
 
@@ -91,8 +92,14 @@ def run_one(workload: str, config: str, reps: int) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
     del out
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"workload": workload, "config": config, "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
-            "first_call_ms": 1e3 * first, "peak_rss_mib": peak_kib / 1024}
+    return {
+        "workload": workload,
+        "config": config,
+        "median_ms": 1e3 * statistics.median(times),
+        "min_ms": 1e3 * min(times),
+        "first_call_ms": 1e3 * first,
+        "peak_rss_mib": peak_kib / 1024,
+    }
 
 
 def per_op_overhead(n: int) -> dict[str, float]:
@@ -102,9 +109,8 @@ def per_op_overhead(n: int) -> dict[str, float]:
     import warnings
 
     warnings.filterwarnings("ignore")
-    import torch
-
     import deferfuse
+    import torch
 
     chain, rounds = 1000, max(n // 1000, 1)
     out: dict[str, float] = {}
@@ -149,7 +155,9 @@ def child(args: list[str], env_extra: dict[str, str]) -> dict[str, Any]:
         env.update(TORCHINDUCTOR_CACHE_DIR=cache, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCH_TPU_CACHE_DIR="off")
         out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True)
     if out.returncode != 0:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+        return {
+            "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        }
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -182,13 +190,17 @@ def main() -> None:
             if a.json:
                 print(json.dumps(row), flush=True)
     overhead = child(["--overhead"] + (["--quick"] if a.quick else []), {})
-    print(f"\n{'workload':22s} {'config':16s} {'median ms':>10s} {'min ms':>8s} {'first call ms':>14s} {'peak RSS MiB':>13s}")
+    print(
+        f"\n{'workload':22s} {'config':16s} {'median ms':>10s} {'min ms':>8s} {'first call ms':>14s} {'peak RSS MiB':>13s}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['workload']:22s} {r['config']:16s} error: {r['error'][:80]}")
             continue
-        print(f"{r['workload']:22s} {r['config']:16s} {r['median_ms']:10.2f} {r['min_ms']:8.2f} {r['first_call_ms']:14.1f} "
-              f"{r['peak_rss_mib']:13.0f}")
+        print(
+            f"{r['workload']:22s} {r['config']:16s} {r['median_ms']:10.2f} {r['min_ms']:8.2f} {r['first_call_ms']:14.1f} "
+            f"{r['peak_rss_mib']:13.0f}"
+        )
     print("\nper-op overhead (µs per tiny op on 8 floats, chains of 1000 ops):")
     for k, v in overhead.items():
         print(f"  {k:34s} {v:8.2f}")

@@ -29,9 +29,8 @@ os.environ.setdefault("TORCH_TPU_CACHE_DIR", "off")
 os.environ.setdefault("TORCH_TPU_DEBUG_CHECKS", "nan")
 warnings.filterwarnings("ignore")
 
-import torch  # noqa: E402
-
 import deferfuse  # noqa: E402
+import torch  # noqa: E402
 
 RTOL = ATOL = 1e-4
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=99)
@@ -60,17 +59,65 @@ def _vit() -> tuple[torch.nn.Module, dict]:
 
 
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict]]] = {
-    "gpt2": _text("GPT2LMHeadModel", "GPT2Config", n_embd=32, n_layer=2, n_head=4, vocab_size=99, n_positions=64),
+    "gpt2": _text(
+        "GPT2LMHeadModel", "GPT2Config", n_embd=32, n_layer=2, n_head=4, vocab_size=99, n_positions=64
+    ),
     "bert": _text("BertForMaskedLM", "BertConfig", max_position_embeddings=64, **SMALL),
-    "llama": _text("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2, max_position_embeddings=64, **SMALL),
-    "t5": _text("T5ForConditionalGeneration", "T5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=99),
+    "llama": _text(
+        "LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2, max_position_embeddings=64, **SMALL
+    ),
+    "t5": _text(
+        "T5ForConditionalGeneration",
+        "T5Config",
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        vocab_size=99,
+    ),
     "vit": _vit,
-    "distilbert": _text("DistilBertModel", "DistilBertConfig", dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=99, max_position_embeddings=64),
+    "distilbert": _text(
+        "DistilBertModel",
+        "DistilBertConfig",
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+        vocab_size=99,
+        max_position_embeddings=64,
+    ),
     "roberta": _text("RobertaModel", "RobertaConfig", max_position_embeddings=64, pad_token_id=1, **SMALL),
-    "mistral": _text("MistralForCausalLM", "MistralConfig", num_key_value_heads=2, max_position_embeddings=64, **SMALL),
-    "qwen2": _text("Qwen2ForCausalLM", "Qwen2Config", num_key_value_heads=2, max_position_embeddings=64, **SMALL),
-    "opt": _text("OPTForCausalLM", "OPTConfig", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64, vocab_size=99, max_position_embeddings=64, word_embed_proj_dim=32),
-    "bart": _text("BartModel", "BartConfig", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=99, max_position_embeddings=64),
+    "mistral": _text(
+        "MistralForCausalLM", "MistralConfig", num_key_value_heads=2, max_position_embeddings=64, **SMALL
+    ),
+    "qwen2": _text(
+        "Qwen2ForCausalLM", "Qwen2Config", num_key_value_heads=2, max_position_embeddings=64, **SMALL
+    ),
+    "opt": _text(
+        "OPTForCausalLM",
+        "OPTConfig",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=64,
+        vocab_size=99,
+        max_position_embeddings=64,
+        word_embed_proj_dim=32,
+    ),
+    "bart": _text(
+        "BartModel",
+        "BartConfig",
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        vocab_size=99,
+        max_position_embeddings=64,
+    ),
     "albert": _text("AlbertModel", "AlbertConfig", embedding_size=16, max_position_embeddings=64, **SMALL),
 }
 TRAINED = ("gpt2", "bert")
@@ -139,7 +186,7 @@ def run_training(name: str, mode: str) -> dict[str, Any]:
             device_model.to("tpu")
             step(device_model, "tpu")
             worst, ok = 0.0, True
-            for (pname, p), q in zip(device_model.named_parameters(), model.parameters()):
+            for p, q in zip(device_model.parameters(), model.parameters()):
                 d, good = _max_diff(p.detach().cpu(), q.detach())
                 worst, ok = max(worst, d), ok and good
         row.update(ran=True, matched=ok, max_diff=worst)
@@ -163,16 +210,22 @@ def main() -> None:
                 rows.append(run_training(name, mode))
             r = rows[-1]
             print(f"  {name} {mode}: {'ok' if r['matched'] else r.get('error', 'mismatch')}", file=sys.stderr)
-    print(f"{'model':11s} {'task':10s} {'mode':15s} {'ran':>4s} {'match':>6s} {'max diff':>9s}  ops that fell back to the CPU")
+    print(
+        f"{'model':11s} {'task':10s} {'mode':15s} {'ran':>4s} {'match':>6s} {'max diff':>9s}  ops that fell back to the CPU"
+    )
     for r in rows:
         diff = f"{r['max_diff']:.1e}" if "max_diff" in r else "-"
         note = ", ".join(r["fell_back"]) + (f"  [{r['error']}]" if "error" in r else "")
-        print(f"{r['model']:11s} {r['task']:10s} {r['mode']:15s} {'yes' if r['ran'] else 'no':>4s} "
-              f"{'yes' if r['matched'] else 'no':>6s} {diff:>9s}  {note}")
+        print(
+            f"{r['model']:11s} {r['task']:10s} {r['mode']:15s} {'yes' if r['ran'] else 'no':>4s} "
+            f"{'yes' if r['matched'] else 'no':>6s} {diff:>9s}  {note}"
+        )
     ran = sum(r["ran"] for r in rows)
     matched = sum(r["matched"] for r in rows)
-    print(f"\n{len(rows)} runs: {ran} ran ({100 * ran / len(rows):.0f}%), {matched} matched ({100 * matched / len(rows):.0f}%) "
-          f"within rtol={RTOL}, atol={ATOL}")
+    print(
+        f"\n{len(rows)} runs: {ran} ran ({100 * ran / len(rows):.0f}%), {matched} matched ({100 * matched / len(rows):.0f}%) "
+        f"within rtol={RTOL}, atol={ATOL}"
+    )
     if a.json:
         print(json.dumps({"runs": len(rows), "ran": ran, "matched": matched, "rows": rows}))
 

@@ -25,10 +25,9 @@ from typing import Any
 os.environ.setdefault("TORCH_TPU_CACHE_DIR", "off")
 warnings.filterwarnings("ignore")
 
+import deferfuse  # noqa: E402
 import torch  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
-
-import deferfuse  # noqa: E402
 
 TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -120,7 +119,9 @@ def run_op(op: Any, dtype: torch.dtype, max_samples: int | None = None) -> OpRow
                 row.first_problem = row.first_problem or f"mismatch: {problem}"[:300]
         except Exception as err:
             row.errored += 1
-            row.first_problem = row.first_problem or f"error: {type(err).__name__}: {err}".splitlines()[0][:300]
+            row.first_problem = (
+                row.first_problem or f"error: {type(err).__name__}: {err}".splitlines()[0][:300]
+            )
         used = deferfuse.fallback_counts() - before
         if used:
             row.fell_back += 1
@@ -156,8 +157,13 @@ def top_fallbacks(rows: list[OpRow]) -> list[tuple[str, int, list[str]]]:
     return sorted(((k, v, users[k]) for k, v in samples.items()), key=lambda t: (-t[1], t[0]))
 
 
-def run(mode: str, dtype: torch.dtype, names: list[str] | None = None, max_samples: int | None = None,
-        verbose: bool = False) -> dict[str, Any]:
+def run(
+    mode: str,
+    dtype: torch.dtype,
+    names: list[str] | None = None,
+    max_samples: int | None = None,
+    verbose: bool = False,
+) -> dict[str, Any]:
     rows = []
     with deferfuse.mode(mode):
         for op in select_ops(names, dtype):
@@ -166,9 +172,15 @@ def run(mode: str, dtype: torch.dtype, names: list[str] | None = None, max_sampl
             deferfuse.sync()
             if verbose:
                 took = time.perf_counter() - start
-                print(f"  {row.name:40s} {row.passed:3d}/{row.samples:3d} ({took:.1f}s) {row.first_problem[:80]}", file=sys.stderr)
+                print(
+                    f"  {row.name:40s} {row.passed:3d}/{row.samples:3d} ({took:.1f}s) {row.first_problem[:80]}",
+                    file=sys.stderr,
+                )
             rows.append(row)
-    total = {k: sum(getattr(r, k) for r in rows) for k in ("samples", "passed", "mismatched", "errored", "fell_back")}
+    total = {
+        k: sum(getattr(r, k) for r in rows)
+        for k in ("samples", "passed", "mismatched", "errored", "fell_back")
+    }
     return {"mode": mode, "dtype": str(dtype).replace("torch.", ""), "ops": len(rows), **total, "rows": rows}
 
 
@@ -180,16 +192,25 @@ def main() -> None:
     parser.add_argument("--max-samples", type=int, help="at most this many samples per op")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--verbose", action="store_true", help="print each op as it finishes (stderr)")
-    parser.add_argument("--top-fallbacks", type=int, metavar="N", default=0,
-                        help="end with the N aten ops in the most samples that fell back")
+    parser.add_argument(
+        "--top-fallbacks",
+        type=int,
+        metavar="N",
+        default=0,
+        help="end with the N aten ops in the most samples that fell back",
+    )
     a = parser.parse_args()
     names = a.ops.split(",") if a.ops else None
     result = run(a.mode, DTYPES[a.dtype], names, a.max_samples, a.verbose)
     rows = result.pop("rows")
-    print(f"{'op':40s} {'samples':>7s} {'pass':>5s} {'mism':>5s} {'err':>5s} {'cpu':>5s}  first problem / ops that fell back")
+    print(
+        f"{'op':40s} {'samples':>7s} {'pass':>5s} {'mism':>5s} {'err':>5s} {'cpu':>5s}  first problem / ops that fell back"
+    )
     for r in rows:
         note = r.first_problem or ", ".join(sorted(r.fallback_ops))
-        print(f"{r.name:40s} {r.samples:7d} {r.passed:5d} {r.mismatched:5d} {r.errored:5d} {r.fell_back:5d}  {note[:140]}")
+        print(
+            f"{r.name:40s} {r.samples:7d} {r.passed:5d} {r.mismatched:5d} {r.errored:5d} {r.fell_back:5d}  {note[:140]}"
+        )
     n = max(result["samples"], 1)
     print(
         f"\nmode {result['mode']}, {result['dtype']}: {result['ops']} ops, {result['samples']} samples: "

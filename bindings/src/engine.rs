@@ -24,9 +24,7 @@ impl PyEngine {
     fn new(mode: &str) -> PyResult<Self> {
         let mut config = Config::from_env().map_err(to_py)?;
         config.mode = mode.parse::<Mode>().map_err(to_py)?;
-        Ok(PyEngine {
-            ctx: Context::new(config).map_err(to_py)?,
-        })
+        Ok(PyEngine { ctx: Context::new(config).map_err(to_py)? })
     }
 
     #[getter]
@@ -61,17 +59,11 @@ impl PyEngine {
 
     /// A constant (part of the trace, unlike scalar operands).
     fn full(&self, value: f64, shape: Vec<usize>, dtype: &str) -> PyResult<PyTensor> {
-        self.ctx
-            .full(value, &shape, parse_dtype(dtype)?)
-            .map(PyTensor::from)
-            .map_err(to_py)
+        self.ctx.full(value, &shape, parse_dtype(dtype)?).map(PyTensor::from).map_err(to_py)
     }
 
     fn arange(&self, start: f64, end: f64, step: f64, dtype: &str) -> PyResult<PyTensor> {
-        self.ctx
-            .arange(start, end, step, parse_dtype(dtype)?)
-            .map(PyTensor::from)
-            .map_err(to_py)
+        self.ctx.arange(start, end, step, parse_dtype(dtype)?).map(PyTensor::from).map_err(to_py)
     }
 
     /// Joins tensors along `axis`, with type promotion.
@@ -88,9 +80,7 @@ impl PyEngine {
     /// `tensor` as a tensor of this context (no copy on the CPU backend).
     fn adopt(&self, py: Python<'_>, tensor: &PyTensor) -> PyResult<PyTensor> {
         let t = tensor.inner.clone();
-        py.allow_threads(|| t.to_context(&self.ctx))
-            .map(PyTensor::from)
-            .map_err(to_py)
+        py.allow_threads(|| t.to_context(&self.ctx)).map(PyTensor::from).map_err(to_py)
     }
 
     /// True when `tensor` belongs to this context.

@@ -26,12 +26,9 @@ pub unsafe fn read(addr: usize, numel: usize, dtype: DType) -> HostData {
         DType::I64 => HostData::I64(copy::<i64>(addr, numel)),
         // PyTorch bools are bytes holding 0 or 1; read them as bytes so any
         // other value cannot make an invalid Rust `bool`.
-        DType::Bool => HostData::Bool(
-            copy::<u8>(addr, numel)
-                .into_iter()
-                .map(|b| b != 0)
-                .collect(),
-        ),
+        DType::Bool => {
+            HostData::Bool(copy::<u8>(addr, numel).into_iter().map(|b| b != 0).collect())
+        }
     }
 }
 
@@ -91,13 +88,7 @@ mod tests {
     #[test]
     fn write_rejects_a_wrong_byte_length() {
         let mut memory = [0u8; 16];
-        let err = unsafe {
-            write(
-                &HostData::F32(vec![1.0; 3]),
-                memory.as_mut_ptr() as usize,
-                16,
-            )
-        };
+        let err = unsafe { write(&HostData::F32(vec![1.0; 3]), memory.as_mut_ptr() as usize, 16) };
         assert!(err.is_err());
     }
 

@@ -15,12 +15,7 @@ use pyo3::prelude::*;
 pub use engine::PyEngine;
 pub use tensor::PyTensor;
 
-create_exception!(
-    _engine,
-    EngineError,
-    PyRuntimeError,
-    "An error raised by the deferfuse engine."
-);
+create_exception!(_engine, EngineError, PyRuntimeError, "An error raised by the deferfuse engine.");
 
 /// Converts an engine error into the Python exception.
 pub(crate) fn to_py(e: deferfuse::Error) -> PyErr {

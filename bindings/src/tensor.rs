@@ -111,11 +111,7 @@ impl PyTensor {
             "ge" => t.ge(rhs),
             "logical_and" => t.logical_and(rhs),
             "logical_or" => t.logical_or(rhs),
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown binary op {other:?}"
-                )))
-            }
+            other => return Err(PyValueError::new_err(format!("unknown binary op {other:?}"))),
         })
     }
 
@@ -132,11 +128,7 @@ impl PyTensor {
             "max" => t.max(&axes, keepdim),
             "min" => t.min(&axes, keepdim),
             "prod" => t.prod(&axes, keepdim),
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown reduction {other:?}"
-                )))
-            }
+            other => return Err(PyValueError::new_err(format!("unknown reduction {other:?}"))),
         })
     }
 
@@ -145,11 +137,7 @@ impl PyTensor {
         wrap(match kind {
             "argmax" => self.inner.argmax(axis, keepdim),
             "argmin" => self.inner.argmin(axis, keepdim),
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown arg reduction {other:?}"
-                )))
-            }
+            other => return Err(PyValueError::new_err(format!("unknown arg reduction {other:?}"))),
         })
     }
 

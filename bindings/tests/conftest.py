@@ -4,10 +4,9 @@ import warnings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_CACHE_DIR", "off")
 
+import deferfuse  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-import deferfuse  # noqa: E402
 
 warnings.filterwarnings("ignore", message="deferfuse: aten op")
 
@@ -37,4 +36,3 @@ def no_fallback():
     yield
     used = deferfuse.fallback_counts() - before
     assert not used, f"fell back to the CPU: {dict(used)}"
-

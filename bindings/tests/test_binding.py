@@ -4,10 +4,9 @@ errors, fallback, autograd, optimizers and torch.compile."""
 import subprocess
 import sys
 
+import deferfuse
 import pytest
 import torch
-
-import deferfuse
 
 
 def close(tpu, cpu, tol=1e-5):
@@ -175,8 +174,12 @@ def test_defer_and_fuse_fuses_a_block():
 
 def _model():
     return torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 16),
-        torch.nn.SiLU(), torch.nn.Linear(16, 4),
+        torch.nn.Linear(8, 16),
+        torch.nn.LayerNorm(16),
+        torch.nn.GELU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.SiLU(),
+        torch.nn.Linear(16, 4),
     )
 
 
@@ -188,7 +191,11 @@ def test_training_steps_match_cpu(mode, optimizer):
     dev = dev.to("tpu")
     x, y = torch.randn(6, 8), torch.randn(6, 4)
     for m, d in ((ref, "cpu"), (dev, "tpu")):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(m.parameters(), lr=0.01)
+        opt = (
+            torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+            if optimizer == "sgd"
+            else torch.optim.AdamW(m.parameters(), lr=0.01)
+        )
         for _ in range(3):
             loss = torch.nn.functional.mse_loss(m(x.to(d)), y.to(d))
             opt.zero_grad()
@@ -215,6 +222,10 @@ def test_autoload_sets_up_the_device_during_import_torch():
     code = "import torch; print(torch.ones(2, device='tpu').sum().item())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "2.0", out.stderr
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"})
+    off = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"},
+    )
     assert off.returncode != 0

@@ -6,10 +6,9 @@ fallback."""
 
 import math
 
+import deferfuse
 import pytest
 import torch
-
-import deferfuse
 from helpers import on_tpu
 
 
@@ -35,11 +34,15 @@ def test_searchsorted_is_pytorchs_binary_search(nan_mode, no_fallback, right):
     unsorted = torch.randn(10)
     sorter = unsorted.argsort()
     want = torch.searchsorted(unsorted, vals, sorter=sorter, side="right" if right else "left")
-    assert torch.equal(on_tpu(torch.searchsorted, unsorted, vals, sorter=sorter, side="right" if right else "left"), want)
+    assert torch.equal(
+        on_tpu(torch.searchsorted, unsorted, vals, sorter=sorter, side="right" if right else "left"), want
+    )
     assert torch.equal(on_tpu(torch.searchsorted, seqs[0], 2), torch.searchsorted(seqs[0], 2))
     ints = torch.tensor([1, 3, 5, 7])
-    assert torch.equal(on_tpu(torch.bucketize, torch.tensor([0, 3, 6, 9]), ints, right=right),
-                       torch.bucketize(torch.tensor([0, 3, 6, 9]), ints, right=right))
+    assert torch.equal(
+        on_tpu(torch.bucketize, torch.tensor([0, 3, 6, 9]), ints, right=right),
+        torch.bucketize(torch.tensor([0, 3, 6, 9]), ints, right=right),
+    )
 
 
 def test_searchsorted_empty_sequence(mode, no_fallback):
@@ -52,11 +55,17 @@ def test_searchsorted_empty_sequence(mode, no_fallback):
 def test_cdist_both_algorithms(mode, no_fallback, p, rows):
     x1, x2 = torch.randn(2, rows[0], 6), torch.randn(1, rows[1], 6)
     x1[0, 1] = x2[0, 2]  # a zero distance: the matmul form clamps it at 1e-30 before sqrt
-    for compute_mode in ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist"):
+    for compute_mode in (
+        "use_mm_for_euclid_dist_if_necessary",
+        "use_mm_for_euclid_dist",
+        "donot_use_mm_for_euclid_dist",
+    ):
         want = torch.cdist(x1, x2, p=p, compute_mode=compute_mode)
         got = on_tpu(torch.cdist, x1, x2, p=p, compute_mode=compute_mode)
-        matmul_form = p == 2 and (compute_mode == "use_mm_for_euclid_dist" or (
-            compute_mode.endswith("if_necessary") and max(rows) > 25))
+        matmul_form = p == 2 and (
+            compute_mode == "use_mm_for_euclid_dist"
+            or (compute_mode.endswith("if_necessary") and max(rows) > 25)
+        )
         # The matmul form's zero distance is the square root of a cancellation
         # (PyTorch's own is about 1e-3 here, in its own summation order).
         torch.testing.assert_close(got, want, rtol=1e-4, atol=3e-3 if matmul_form else 1e-4)
@@ -76,13 +85,43 @@ def test_equal_reads_one_answer(nan_mode, no_fallback):
 
 
 def test_log1p_expm1_are_accurate_near_zero(nan_mode, no_fallback):
-    x = torch.tensor([0.0, -0.0, 1e-30, -1e-20, 1e-10, 3e-8, -3e-8, 1e-5, 1e-3, 0.5, -0.5, 1.0, -0.999999,
-                      20.0, 88.0, 89.0, 1e30, -1.0, -2.0, -100.0, -1e30, float("inf"), -float("inf"), float("nan")])
+    x = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-20,
+            1e-10,
+            3e-8,
+            -3e-8,
+            1e-5,
+            1e-3,
+            0.5,
+            -0.5,
+            1.0,
+            -0.999999,
+            20.0,
+            88.0,
+            89.0,
+            1e30,
+            -1.0,
+            -2.0,
+            -100.0,
+            -1e30,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+        ]
+    )
     for fn in (torch.log1p, torch.expm1):
         want, got = fn(x), on_tpu(fn, x)
-        torch.testing.assert_close(got, want, rtol=4 * torch.finfo(torch.float32).eps, atol=0.0, equal_nan=True)
+        torch.testing.assert_close(
+            got, want, rtol=4 * torch.finfo(torch.float32).eps, atol=0.0, equal_nan=True
+        )
         # the sign of zero too
-        assert [math.copysign(1, v) for v in got[:2].tolist()] == [math.copysign(1, v) for v in want[:2].tolist()]
+        assert [math.copysign(1, v) for v in got[:2].tolist()] == [
+            math.copysign(1, v) for v in want[:2].tolist()
+        ]
     assert on_tpu(torch.log1p, torch.tensor([3])).dtype == torch.log1p(torch.tensor([3])).dtype
 
 
@@ -94,7 +133,9 @@ def test_log1p_expm1_finite_in_debug_mode(no_fallback):
         for fn in (torch.log1p, torch.expm1):
             want = fn(x)
             ok = torch.isfinite(want)
-            torch.testing.assert_close(on_tpu(fn, x[ok]), want[ok], rtol=4 * torch.finfo(torch.float32).eps, atol=0.0)
+            torch.testing.assert_close(
+                on_tpu(fn, x[ok]), want[ok], rtol=4 * torch.finfo(torch.float32).eps, atol=0.0
+            )
 
 
 def test_mean_of_no_elements_is_nan(nan_mode):
@@ -139,7 +180,12 @@ def test_decomposition_keeps_cpu_dtypes_on_the_cpu(mode):
 
 def test_any_and_all_over_no_elements(nan_mode, no_fallback):
     # any over nothing is False and all over nothing is True, as in PyTorch.
-    for x in (torch.zeros(0, 3), torch.zeros(2, 0), torch.tensor([[True, False], [False, False]]), torch.tensor(0.5)):
+    for x in (
+        torch.zeros(0, 3),
+        torch.zeros(2, 0),
+        torch.tensor([[True, False], [False, False]]),
+        torch.tensor(0.5),
+    ):
         for reduce in (torch.any, torch.all):
             assert torch.equal(on_tpu(reduce, x), reduce(x))
             if x.dim():
@@ -154,7 +200,9 @@ def test_searchsorted_over_rows_longer_than_a_tile(nan_mode, no_fallback, n):
     torch.manual_seed(0)
     seq, values = torch.linspace(0, 1, n), torch.rand(5)
     for right in (False, True):
-        assert torch.equal(on_tpu(torch.searchsorted, seq, values, right=right), torch.searchsorted(seq, values, right=right))
+        assert torch.equal(
+            on_tpu(torch.searchsorted, seq, values, right=right), torch.searchsorted(seq, values, right=right)
+        )
 
 
 def test_reductions_of_zero_dimensional_and_empty_tensors(nan_mode, no_fallback):
@@ -162,9 +210,15 @@ def test_reductions_of_zero_dimensional_and_empty_tensors(nan_mode, no_fallback)
     # log of an empty sum, 1 for an empty product.
     scalar, empty, grid = torch.tensor(2.5), torch.zeros(0, 3), torch.randn(3, 4)
     for fn, args in [
-        (torch.argmax, (scalar,)), (torch.argmin, (scalar, 0)), (torch.argmax, (grid, None, True)),
-        (torch.argmin, (grid, None, True)), (torch.logsumexp, (scalar, 0)), (torch.logsumexp, (empty, 0)),
-        (torch.logsumexp, (empty, 1, True)), (torch.prod, (empty,)), (torch.prod, (empty, 0)),
+        (torch.argmax, (scalar,)),
+        (torch.argmin, (scalar, 0)),
+        (torch.argmax, (grid, None, True)),
+        (torch.argmin, (grid, None, True)),
+        (torch.logsumexp, (scalar, 0)),
+        (torch.logsumexp, (empty, 0)),
+        (torch.logsumexp, (empty, 1, True)),
+        (torch.prod, (empty,)),
+        (torch.prod, (empty, 0)),
     ]:
         want, got = fn(*args), on_tpu(fn, *args)
         assert got.dtype == want.dtype and torch.equal(got, want), (fn, args, got, want)
@@ -173,13 +227,21 @@ def test_reductions_of_zero_dimensional_and_empty_tensors(nan_mode, no_fallback)
         assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
 
 
-@pytest.mark.parametrize("call", [
-    lambda x: torch.sort(x, dim=5), lambda x: torch.roll(x, 1, 7), lambda x: torch.flip(x, [3]),
-    lambda x: torch.unique(x, dim=4), lambda x: torch.var_mean(x, 9), lambda x: torch.topk(x, 1, dim=3),
-    lambda x: torch.cumsum(x, 6), lambda x: x.scatter(5, torch.zeros(3, 4, dtype=torch.long, device=x.device), 1.0),
-    lambda x: torch.gather(x, 4, torch.zeros(3, 4, dtype=torch.long, device=x.device)),
-    lambda x: torch.index_select(x, 3, torch.zeros(2, dtype=torch.long, device=x.device)),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: torch.sort(x, dim=5),
+        lambda x: torch.roll(x, 1, 7),
+        lambda x: torch.flip(x, [3]),
+        lambda x: torch.unique(x, dim=4),
+        lambda x: torch.var_mean(x, 9),
+        lambda x: torch.topk(x, 1, dim=3),
+        lambda x: torch.cumsum(x, 6),
+        lambda x: x.scatter(5, torch.zeros(3, 4, dtype=torch.long, device=x.device), 1.0),
+        lambda x: torch.gather(x, 4, torch.zeros(3, 4, dtype=torch.long, device=x.device)),
+        lambda x: torch.index_select(x, 3, torch.zeros(2, dtype=torch.long, device=x.device)),
+    ],
+)
 def test_a_dim_out_of_range_is_pytorchs_index_error(nan_mode, call):
     # Lowerings never wrap an out-of-range dim around: PyTorch raises.
     with pytest.raises(IndexError, match="out of range"):

@@ -5,10 +5,9 @@ empty shapes, and each without the CPU fallback."""
 
 import itertools
 
+import deferfuse
 import pytest
 import torch
-
-import deferfuse
 from helpers import on_tpu
 
 # Reflector products round differently from LAPACK's (another summation
@@ -16,7 +15,19 @@ from helpers import on_tpu
 # conformance runner's float32 tolerance.
 TOL = dict(rtol=1e-4, atol=1e-5)
 
-SHAPES = [(5, 5), (5, 2), (2, 5), (1, 1), (3, 4, 3), (2, 1, 3, 3), (0, 3), (3, 0), (0, 0), (2, 0, 3), (0, 4, 2)]
+SHAPES = [
+    (5, 5),
+    (5, 2),
+    (2, 5),
+    (1, 1),
+    (3, 4, 3),
+    (2, 1, 3, 3),
+    (0, 3),
+    (3, 0),
+    (0, 0),
+    (2, 0, 3),
+    (0, 4, 2),
+]
 
 
 def close(got, want, **tol):
@@ -72,15 +83,20 @@ def test_householder_product_and_orgqr(mode, no_fallback, shape):
     close(on_tpu(torch.orgqr, factored, tau), want)
     if shape[-1] > 1:  # fewer reflectors than columns
         short = tau[..., :-1]
-        close(on_tpu(torch.linalg.householder_product, factored, short),
-              torch.linalg.householder_product(factored, short))
+        close(
+            on_tpu(torch.linalg.householder_product, factored, short),
+            torch.linalg.householder_product(factored, short),
+        )
 
 
 def test_too_many_reflectors_stay_on_the_cpu(mode):
     """Past MAX_REFLECTORS the op runs on the CPU, still right."""
     factored, tau = torch.geqrf(torch.randn(70, 70))
     before = deferfuse.fallback_counts()
-    close(on_tpu(torch.linalg.householder_product, factored, tau), torch.linalg.householder_product(factored, tau))
+    close(
+        on_tpu(torch.linalg.householder_product, factored, tau),
+        torch.linalg.householder_product(factored, tau),
+    )
     assert deferfuse.fallback_counts() - before
 
 
@@ -120,9 +136,18 @@ def special_matrices():
     zero_diag[1, 1] = 0
     negative_zero = torch.randn(4, 3)
     negative_zero[0, 0] = -0.0  # MKL's slarfg takes sign(-0) = + too
-    return [zero_below, zero_diag, negative_zero, torch.zeros(4, 4), torch.eye(4), -torch.eye(3, 5),
-            torch.randn(4, 4).triu(),
-            torch.randn(5, 3) * 1e-25, torch.randn(3, 5) * 1e25, torch.tensor([[0.0], [0.0], [3.0]])]
+    return [
+        zero_below,
+        zero_diag,
+        negative_zero,
+        torch.zeros(4, 4),
+        torch.eye(4),
+        -torch.eye(3, 5),
+        torch.randn(4, 4).triu(),
+        torch.randn(5, 3) * 1e-25,
+        torch.randn(3, 5) * 1e25,
+        torch.tensor([[0.0], [0.0], [3.0]]),
+    ]
 
 
 @pytest.mark.parametrize("index", range(10))

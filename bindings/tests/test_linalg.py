@@ -3,10 +3,9 @@ triangular solves, Cholesky, LU and what is built on them, each against CPU
 eager (LAPACK) within a stated tolerance, and each without the CPU fallback.
 Integer outputs (pivots, info) must be equal."""
 
+import deferfuse
 import pytest
 import torch
-
-import deferfuse
 from helpers import on_tpu
 
 # f32 against LAPACK: the same algorithms, other summation orders.
@@ -39,8 +38,12 @@ def test_solve_triangular_sizes(mode, no_fallback, n):
 
 
 def test_solve_triangular_empty(nan_mode, no_fallback):
-    for a, b, left in [(torch.randn(0, 0), torch.randn(0, 3), True), (torch.randn(3, 3), torch.randn(3, 0), True),
-                       (torch.randn(2, 3, 3), torch.randn(2, 0, 3), False), (torch.randn(0, 2, 2), torch.randn(2, 1), True)]:
+    for a, b, left in [
+        (torch.randn(0, 0), torch.randn(0, 3), True),
+        (torch.randn(3, 3), torch.randn(3, 0), True),
+        (torch.randn(2, 3, 3), torch.randn(2, 0, 3), False),
+        (torch.randn(0, 2, 2), torch.randn(2, 1), True),
+    ]:
         want = torch.linalg.solve_triangular(a, b, upper=True, left=left)
         got = on_tpu(torch.linalg.solve_triangular, a, b, upper=True, left=left)
         assert got.shape == want.shape and torch.equal(got, want)
@@ -51,7 +54,9 @@ def test_solve_triangular_nan_and_singular(nan_mode, no_fallback):
     b = torch.randn(4, 2)
     b[3, 0] = float("nan")
     want = torch.linalg.solve_triangular(a, b, upper=True)
-    torch.testing.assert_close(on_tpu(torch.linalg.solve_triangular, a, b, upper=True), want, equal_nan=True, **TOL)
+    torch.testing.assert_close(
+        on_tpu(torch.linalg.solve_triangular, a, b, upper=True), want, equal_nan=True, **TOL
+    )
     a[1, 1] = 0.0  # singular: division by zero gives inf/NaN as in LAPACK
     want = torch.linalg.solve_triangular(a, torch.ones(4, 1), upper=True)
     got = on_tpu(torch.linalg.solve_triangular, a, torch.ones(4, 1), upper=True)
@@ -130,10 +135,16 @@ def test_cholesky_solve_and_inverse(mode, no_fallback, upper):
     a = spd(2, 5, 5)
     factor = torch.linalg.cholesky(a, upper=upper)
     b = torch.randn(3, 1, 5, 2)
-    torch.testing.assert_close(on_tpu(torch.cholesky_solve, b, factor, upper=upper),
-                               torch.cholesky_solve(b, factor, upper=upper), **TOL)
-    torch.testing.assert_close(on_tpu(torch.cholesky_inverse, factor, upper=upper),
-                               torch.cholesky_inverse(factor, upper=upper), **TOL)
+    torch.testing.assert_close(
+        on_tpu(torch.cholesky_solve, b, factor, upper=upper),
+        torch.cholesky_solve(b, factor, upper=upper),
+        **TOL,
+    )
+    torch.testing.assert_close(
+        on_tpu(torch.cholesky_inverse, factor, upper=upper),
+        torch.cholesky_inverse(factor, upper=upper),
+        **TOL,
+    )
 
 
 def test_linalg_cholesky_of_batches(mode, no_fallback):
@@ -160,8 +171,12 @@ def test_lu_pivot_ties_take_the_first_row(nan_mode, no_fallback):
 
 
 def test_lu_singular_info(nan_mode, no_fallback):
-    a = torch.tensor([[[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 1.0, 1.0]],
-                      [[0.0, 1.0, 2.0], [0.0, 3.0, 4.0], [0.0, 5.0, 6.0]]])
+    a = torch.tensor(
+        [
+            [[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 1.0, 1.0]],
+            [[0.0, 1.0, 2.0], [0.0, 3.0, 4.0], [0.0, 5.0, 6.0]],
+        ]
+    )
     want = torch.linalg.lu_factor_ex(a)
     got = on_tpu(torch.linalg.lu_factor_ex, a)
     assert torch.equal(got.info, want.info) and torch.equal(got.pivots, want.pivots), (got, want)
@@ -195,7 +210,9 @@ def test_lu_solve(nan_mode, no_fallback, left, adjoint):
     lu, piv = torch.linalg.lu_factor(torch.randn(2, 1, 4, 4) + 3 * torch.eye(4))
     b = torch.randn(3, 4, 2) if left else torch.randn(3, 2, 4)
     want = torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint)
-    torch.testing.assert_close(on_tpu(torch.linalg.lu_solve, lu, piv, b, left=left, adjoint=adjoint), want, **TOL)
+    torch.testing.assert_close(
+        on_tpu(torch.linalg.lu_solve, lu, piv, b, left=left, adjoint=adjoint), want, **TOL
+    )
 
 
 @pytest.mark.parametrize("left", [False, True])
@@ -211,8 +228,9 @@ def test_solve_and_inverse(mode, no_fallback, left):
     got = on_tpu(torch.linalg.inv_ex, a)
     torch.testing.assert_close(got.inverse, want.inverse, **TOL)
     assert torch.equal(got.info, want.info)
-    torch.testing.assert_close(on_tpu(torch.linalg.solve, a, torch.ones(5)), torch.linalg.solve(a, torch.ones(5)), **TOL)
-
+    torch.testing.assert_close(
+        on_tpu(torch.linalg.solve, a, torch.ones(5)), torch.linalg.solve(a, torch.ones(5)), **TOL
+    )
 
 
 def test_singular_solve_reports_info(nan_mode, no_fallback):
@@ -243,7 +261,9 @@ def test_det_and_slogdet(mode, no_fallback):
 
 
 def test_det_singular_and_empty(nan_mode, no_fallback):
-    singular = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])  # exactly: no rounding residue
+    singular = torch.tensor(
+        [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    )  # exactly: no rounding residue
     zero = torch.zeros(3, 3)
     for a in (singular, zero):
         got, want = on_tpu(torch.linalg.slogdet, a), torch.linalg.slogdet(a)
@@ -284,10 +304,14 @@ def test_qr_of_a_zero_column_keeps_tau_zero(nan_mode, no_fallback):
 def test_ormqr_and_householder_product(nan_mode, no_fallback, left, transpose):
     a, tau = torch.geqrf(torch.randn(2, 5, 3))
     c = torch.randn(2, 5, 4) if left else torch.randn(2, 4, 5)
-    torch.testing.assert_close(on_tpu(torch.ormqr, a, tau, c, left=left, transpose=transpose),
-                               torch.ormqr(a, tau, c, left=left, transpose=transpose), **TOL)
-    torch.testing.assert_close(on_tpu(torch.linalg.householder_product, a, tau),
-                               torch.linalg.householder_product(a, tau), **TOL)
+    torch.testing.assert_close(
+        on_tpu(torch.ormqr, a, tau, c, left=left, transpose=transpose),
+        torch.ormqr(a, tau, c, left=left, transpose=transpose),
+        **TOL,
+    )
+    torch.testing.assert_close(
+        on_tpu(torch.linalg.householder_product, a, tau), torch.linalg.householder_product(a, tau), **TOL
+    )
 
 
 def test_qr_empty(nan_mode, no_fallback):
@@ -305,11 +329,13 @@ def test_svdvals(mode, no_fallback, shape):
 
 
 def test_svdvals_ties_rank_deficiency_and_scale(nan_mode, no_fallback):
-    cases = [torch.linalg.qr(torch.randn(6, 6)).Q,  # all singular values 1
-             torch.randn(6, 2) @ torch.randn(2, 6),  # four zeros
-             torch.diag(torch.tensor([1e3, 1.0, 1e-3, 1e-5, 3.0, 3.0])),
-             torch.randn(7, 7) @ torch.diag(torch.logspace(0, -6, 7)),
-             torch.zeros(3, 4)]
+    cases = [
+        torch.linalg.qr(torch.randn(6, 6)).Q,  # all singular values 1
+        torch.randn(6, 2) @ torch.randn(2, 6),  # four zeros
+        torch.diag(torch.tensor([1e3, 1.0, 1e-3, 1e-5, 3.0, 3.0])),
+        torch.randn(7, 7) @ torch.diag(torch.logspace(0, -6, 7)),
+        torch.zeros(3, 4),
+    ]
     for a in cases:
         torch.testing.assert_close(on_tpu(torch.linalg.svdvals, a), torch.linalg.svdvals(a), **TOL)
     for shape in [(0, 3), (2, 0, 4), (0, 0)]:
@@ -320,7 +346,9 @@ def test_svdvals_ties_rank_deficiency_and_scale(nan_mode, no_fallback):
 def test_matrix_norms_and_cond(mode, no_fallback):
     a = torch.randn(2, 4, 3)
     for ord in ("nuc", 2, -2):
-        torch.testing.assert_close(on_tpu(torch.linalg.matrix_norm, a, ord=ord), torch.linalg.matrix_norm(a, ord=ord), **TOL)
+        torch.testing.assert_close(
+            on_tpu(torch.linalg.matrix_norm, a, ord=ord), torch.linalg.matrix_norm(a, ord=ord), **TOL
+        )
     sq = torch.randn(2, 4, 4) + 3 * torch.eye(4)
     for p in (None, 1, float("inf"), "fro"):
         torch.testing.assert_close(on_tpu(torch.linalg.cond, sq, p), torch.linalg.cond(sq, p), **TOL)
@@ -343,8 +371,12 @@ def test_svd_stays_pytorchs_where_it_must():
 def test_eigvalsh(mode, no_fallback, uplo):
     x = torch.randn(2, 6, 6)
     a = x + x.mT
-    a = a + torch.randn(6, 6).triu(1) * 50 if uplo == "L" else a + torch.randn(6, 6).tril(-1) * 50  # unread triangle
-    torch.testing.assert_close(on_tpu(torch.linalg.eigvalsh, a, UPLO=uplo), torch.linalg.eigvalsh(a, UPLO=uplo), **TOL)
+    a = (
+        a + torch.randn(6, 6).triu(1) * 50 if uplo == "L" else a + torch.randn(6, 6).tril(-1) * 50
+    )  # unread triangle
+    torch.testing.assert_close(
+        on_tpu(torch.linalg.eigvalsh, a, UPLO=uplo), torch.linalg.eigvalsh(a, UPLO=uplo), **TOL
+    )
 
 
 def test_eigvalsh_ties_and_empty(nan_mode, no_fallback):
@@ -364,7 +396,10 @@ def test_ldl_factor_bunch_kaufman(mode, no_fallback):
         a = x + x.mT + torch.randn(n, n).triu(1) * 10  # the upper triangle is not read
         want = torch.linalg.ldl_factor_ex(a)
         got = on_tpu(torch.linalg.ldl_factor_ex, a)
-        assert torch.equal(got.pivots, want.pivots) and torch.equal(got.info, want.info), (got.pivots, want.pivots)
+        assert torch.equal(got.pivots, want.pivots) and torch.equal(got.info, want.info), (
+            got.pivots,
+            want.pivots,
+        )
         torch.testing.assert_close(got.LD, want.LD, **TOL)
 
 
@@ -375,7 +410,10 @@ def test_ldl_factor_zero_columns_and_empty(nan_mode, no_fallback):
     for g, w in zip(got, want):
         assert torch.equal(g, w)
     for shape in [(0, 0), (0, 2, 2), (2, 0, 0)]:
-        want, got = torch.linalg.ldl_factor_ex(torch.randn(shape)), on_tpu(torch.linalg.ldl_factor_ex, torch.randn(shape))
+        want, got = (
+            torch.linalg.ldl_factor_ex(torch.randn(shape)),
+            on_tpu(torch.linalg.ldl_factor_ex, torch.randn(shape)),
+        )
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype
 
@@ -397,9 +435,12 @@ def test_aux_outputs_are_pytorchs(mode, no_fallback):
     """The LU, pivots and info that autograd reuses: solve's are of A, det's
     and slogdet's of A^T, as PyTorch's CPU kernels return them."""
     a = torch.randn(2, 4, 4) + 2 * torch.eye(4)
-    for op, args in [(torch.ops.aten._linalg_solve_ex, (a, torch.randn(3, 2, 4, 2))),
-                     (torch.ops.aten._linalg_solve_ex, (a, torch.randn(2, 4))),
-                     (torch.ops.aten._linalg_det, (a,)), (torch.ops.aten._linalg_slogdet, (a,))]:
+    for op, args in [
+        (torch.ops.aten._linalg_solve_ex, (a, torch.randn(3, 2, 4, 2))),
+        (torch.ops.aten._linalg_solve_ex, (a, torch.randn(2, 4))),
+        (torch.ops.aten._linalg_det, (a,)),
+        (torch.ops.aten._linalg_slogdet, (a,)),
+    ]:
         want, got = op(*args), on_tpu(op, *args)
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype
@@ -411,8 +452,12 @@ def test_aux_outputs_are_pytorchs(mode, no_fallback):
 
 def test_solve_and_det_gradients(nan_mode, no_fallback):
     a, b = torch.randn(4, 4) + 2 * torch.eye(4), torch.randn(4, 2)
-    for fn in (lambda m: torch.linalg.solve(m, b.to(m.device)).sum(), lambda m: torch.linalg.det(m),
-               lambda m: torch.linalg.inv(m).sum(), lambda m: torch.linalg.slogdet(m)[1]):
+    for fn in (
+        lambda m: torch.linalg.solve(m, b.to(m.device)).sum(),
+        lambda m: torch.linalg.det(m),
+        lambda m: torch.linalg.inv(m).sum(),
+        lambda m: torch.linalg.slogdet(m)[1],
+    ):
         at = a.to("tpu").requires_grad_()
         fn(at).backward()
         torch.testing.assert_close(at.grad.cpu(), torch.func.grad(fn)(a), rtol=1e-4, atol=1e-4)

@@ -3,15 +3,14 @@ nn.py, pooling.py, scatter.py): each against CPU eager, including NaN, signed
 zeros, infinities, ties and duplicate indices, and each without the CPU
 fallback."""
 
-
 import pytest
 import torch
-
 from helpers import on_tpu
 
-
 INF, NAN = float("inf"), float("nan")
-SPECIAL = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 3.5, 0.5, -0.5, 1e-30, 1e30, -1e30, INF, -INF, NAN, 1e-3])
+SPECIAL = torch.tensor(
+    [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 3.5, 0.5, -0.5, 1e-30, 1e30, -1e30, INF, -INF, NAN, 1e-3]
+)
 
 
 def pairs():
@@ -36,9 +35,13 @@ def test_exact_binary_ops(nan_mode, no_fallback, op):
 def test_copysign_scalar_and_integers(nan_mode, no_fallback):
     x = torch.tensor([1.5, -2.0, 0.0, -0.0, INF])
     for other in (-1.0, 2.0, -0.0, 0.0):
-        assert torch.equal(torch.signbit(on_tpu(torch.copysign, x, other)), torch.signbit(torch.copysign(x, other)))
+        assert torch.equal(
+            torch.signbit(on_tpu(torch.copysign, x, other)), torch.signbit(torch.copysign(x, other))
+        )
     i = torch.tensor([3, -4, 0])
-    assert torch.equal(on_tpu(torch.copysign, i, torch.tensor([-1, 1, -1])), torch.copysign(i, torch.tensor([-1, 1, -1])))
+    assert torch.equal(
+        on_tpu(torch.copysign, i, torch.tensor([-1, 1, -1])), torch.copysign(i, torch.tensor([-1, 1, -1]))
+    )
 
 
 def test_atan2_quadrants_zeros_and_infinities(nan_mode, no_fallback):
@@ -56,8 +59,11 @@ def test_atan2_quadrants_zeros_and_infinities(nan_mode, no_fallback):
 
 def test_signbit_bitwise_not(nan_mode, no_fallback):
     assert torch.equal(on_tpu(torch.signbit, SPECIAL[:-2]), torch.signbit(SPECIAL[:-2]))
-    for t in (torch.tensor([0, 5, -7, 2**31 - 1], dtype=torch.int32), torch.tensor([0, -1, 2**40]),
-              torch.tensor([True, False])):
+    for t in (
+        torch.tensor([0, 5, -7, 2**31 - 1], dtype=torch.int32),
+        torch.tensor([0, -1, 2**40]),
+        torch.tensor([True, False]),
+    ):
         assert torch.equal(on_tpu(torch.bitwise_not, t), torch.bitwise_not(t))
         assert torch.equal(on_tpu(torch.signbit, t), torch.signbit(t))
 
@@ -65,16 +71,27 @@ def test_signbit_bitwise_not(nan_mode, no_fallback):
 @pytest.mark.parametrize("eps", [None, 0.0, 1e-6, 0.2, 0.7])
 def test_logit(nan_mode, no_fallback, eps):
     x = torch.tensor([0.0, 1.0, 0.5, 0.25, 1e-7, 0.9999, -0.5, 1.5, NAN, 0.65])
-    torch.testing.assert_close(on_tpu(torch.logit, x, eps), torch.logit(x, eps), rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(
+        on_tpu(torch.logit, x, eps), torch.logit(x, eps), rtol=1e-5, atol=1e-6, equal_nan=True
+    )
 
 
 @pytest.mark.parametrize("decimals", [0, 1, 2, -1, -2])
 def test_round_half_to_even(nan_mode, no_fallback, decimals):
-    x = torch.cat([torch.arange(-6, 6) + 0.5, torch.tensor([0.125, 2.675, 1234.5678, -0.0, 8388609.0, INF, NAN]),
-                   torch.randn(200) * 100])
+    x = torch.cat(
+        [
+            torch.arange(-6, 6) + 0.5,
+            torch.tensor([0.125, 2.675, 1234.5678, -0.0, 8388609.0, INF, NAN]),
+            torch.randn(200) * 100,
+        ]
+    )
     want = torch.round(x, decimals=decimals)
     got = on_tpu(torch.round, x, decimals=decimals)
-    assert torch.equal(got.nan_to_num(), want.nan_to_num()), (x[got != want], got[got != want], want[got != want])
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), (
+        x[got != want],
+        got[got != want],
+        want[got != want],
+    )
 
 
 # ---- losses -------------------------------------------------------------------
@@ -85,8 +102,9 @@ def test_nll_loss_one_sample_and_bce(nan_mode, no_fallback, reduction):
     scores = torch.randn(5).log_softmax(0)
     for target, w in ((torch.tensor(3), None), (torch.tensor(1), torch.rand(5)), (torch.tensor(-100), None)):
         want = torch.nn.functional.nll_loss(scores, target, w, reduction=reduction)
-        torch.testing.assert_close(on_tpu(torch.nn.functional.nll_loss, scores, target, w, reduction=reduction), want,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            on_tpu(torch.nn.functional.nll_loss, scores, target, w, reduction=reduction), want, equal_nan=True
+        )
     x = torch.tensor([0.0, 1.0, 0.3, 1e-8, 0.999999, 0.5])
     t = torch.tensor([0.0, 1.0, 0.7, 1.0, 0.0, 0.5])
     w = torch.rand(6)
@@ -118,22 +136,41 @@ def test_scatter_reduce_with_repeats_and_nan(nan_mode, no_fallback, reduce, incl
     ints = torch.randint(-5, 5, (4, 5))
     if reduce != "mean":
         w = ints.scatter_reduce(dim, index, ints[:3, :4] * 3, reduce, include_self=include_self)
-        assert torch.equal(on_tpu(torch.Tensor.scatter_reduce, ints, dim, index, ints[:3, :4] * 3, reduce,
-                                  include_self=include_self), w)
+        assert torch.equal(
+            on_tpu(
+                torch.Tensor.scatter_reduce,
+                ints,
+                dim,
+                index,
+                ints[:3, :4] * 3,
+                reduce,
+                include_self=include_self,
+            ),
+            w,
+        )
 
 
 def test_scatter_last_write_value_and_legacy_reduce(nan_mode, no_fallback):
     x = torch.randn(3, 6)
     index = torch.tensor([[0, 0, 2, 2, 0], [5, 1, 5, 5, 1]])
     src = torch.randn(2, 5)
-    assert torch.equal(on_tpu(torch.scatter, x, 1, index, src), torch.scatter(x, 1, index, src))  # last write wins
+    assert torch.equal(
+        on_tpu(torch.scatter, x, 1, index, src), torch.scatter(x, 1, index, src)
+    )  # last write wins
     assert torch.equal(on_tpu(torch.scatter, x, 1, index, 2.5), torch.scatter(x, 1, index, 2.5))
     for reduce in ("add", "multiply"):
-        torch.testing.assert_close(on_tpu(torch.scatter, x, 1, index, src, reduce=reduce),
-                                   torch.scatter(x, 1, index, src, reduce=reduce))
-    torch.testing.assert_close(on_tpu(torch.scatter_add, x, 0, index[:, :3] % 3, src), torch.scatter_add(x, 0, index[:, :3] % 3, src))
+        torch.testing.assert_close(
+            on_tpu(torch.scatter, x, 1, index, src, reduce=reduce),
+            torch.scatter(x, 1, index, src, reduce=reduce),
+        )
+    torch.testing.assert_close(
+        on_tpu(torch.scatter_add, x, 0, index[:, :3] % 3, src), torch.scatter_add(x, 0, index[:, :3] % 3, src)
+    )
     s = torch.tensor(1.5)
-    assert torch.equal(on_tpu(torch.scatter, s, 0, torch.tensor(0), torch.tensor(4.0)), torch.scatter(s, 0, torch.tensor(0), torch.tensor(4.0)))
+    assert torch.equal(
+        on_tpu(torch.scatter, s, 0, torch.tensor(0), torch.tensor(4.0)),
+        torch.scatter(s, 0, torch.tensor(0), torch.tensor(4.0)),
+    )
     e = torch.empty(0, 6, dtype=torch.long)
     assert torch.equal(on_tpu(torch.scatter_add, x, 1, e, src), x)
     t = x.to("tpu")
@@ -145,14 +182,24 @@ def test_index_ops(nan_mode, no_fallback):
     x = torch.randn(5, 4)
     index = torch.tensor([4, 0, 4, -1 + 5, 2])
     source = torch.randn(5, 4)
-    torch.testing.assert_close(on_tpu(torch.index_add, x, 0, index, source, alpha=2.0), torch.index_add(x, 0, index, source, alpha=2.0))
+    torch.testing.assert_close(
+        on_tpu(torch.index_add, x, 0, index, source, alpha=2.0),
+        torch.index_add(x, 0, index, source, alpha=2.0),
+    )
     for reduce in ("prod", "mean", "amax", "amin"):
         for include_self in (True, False):
-            torch.testing.assert_close(on_tpu(torch.index_reduce, x, 0, index, source, reduce, include_self=include_self),
-                                       torch.index_reduce(x, 0, index, source, reduce, include_self=include_self))
+            torch.testing.assert_close(
+                on_tpu(torch.index_reduce, x, 0, index, source, reduce, include_self=include_self),
+                torch.index_reduce(x, 0, index, source, reduce, include_self=include_self),
+            )
     unique = torch.tensor([3, 0, 1])
-    assert torch.equal(on_tpu(torch.index_copy, x, -1, unique, source[:, :3]), torch.index_copy(x, -1, unique, source[:, :3]))
-    assert torch.equal(on_tpu(torch.index_fill, x, 1, torch.tensor([-1, 0, 0]), NAN).isnan(), torch.index_fill(x, 1, torch.tensor([-1, 0, 0]), NAN).isnan())
+    assert torch.equal(
+        on_tpu(torch.index_copy, x, -1, unique, source[:, :3]), torch.index_copy(x, -1, unique, source[:, :3])
+    )
+    assert torch.equal(
+        on_tpu(torch.index_fill, x, 1, torch.tensor([-1, 0, 0]), NAN).isnan(),
+        torch.index_fill(x, 1, torch.tensor([-1, 0, 0]), NAN).isnan(),
+    )
     t = x.to("tpu")
     t.index_fill_(0, torch.tensor([1]).to("tpu"), -3.0)
     assert torch.equal(t.cpu(), x.clone().index_fill_(0, torch.tensor([1]), -3.0))
@@ -163,27 +210,43 @@ def test_put_take(nan_mode, no_fallback):
     index = torch.tensor([[0, -1], [5, 0], [11, 5]])
     source = torch.randn(3, 2)
     for accumulate in (False, True):
-        torch.testing.assert_close(on_tpu(torch.Tensor.put, x, index, source, accumulate),
-                                   x.put(index, source, accumulate))
+        torch.testing.assert_close(
+            on_tpu(torch.Tensor.put, x, index, source, accumulate), x.put(index, source, accumulate)
+        )
     assert torch.equal(on_tpu(torch.take, x, index), torch.take(x, index))
     assert on_tpu(torch.take, x, torch.empty(0, 2, dtype=torch.long)).shape == (0, 2)
 
 
-@pytest.mark.parametrize("key", [
-    lambda i, j: (i,), lambda i, j: (slice(None), i), lambda i, j: (i, j), lambda i, j: (i, slice(None), j),
-    lambda i, j: (slice(None), i, j), lambda i, j: (Ellipsis, j), lambda i, j: (slice(1, 3), i.reshape(2, 2)),
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        lambda i, j: (i,),
+        lambda i, j: (slice(None), i),
+        lambda i, j: (i, j),
+        lambda i, j: (i, slice(None), j),
+        lambda i, j: (slice(None), i, j),
+        lambda i, j: (Ellipsis, j),
+        lambda i, j: (slice(1, 3), i.reshape(2, 2)),
+    ],
+)
 def test_advanced_indexing(nan_mode, no_fallback, key):
     x = torch.randn(3, 4, 4)
     i, j = torch.tensor([0, -1, 2, 0]), torch.tensor([3, 1, -4, 3])
     k = key(i % 3, j)
-    assert torch.equal(on_tpu(lambda t: t[tuple(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in k)], x), x[k])
+    assert torch.equal(
+        on_tpu(lambda t: t[tuple(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in k)], x), x[k]
+    )
     v = torch.arange(float(x[k].numel())).reshape(x[k].shape)
     for accumulate in (False, True):
-        want = x.index_put(tuple(a if isinstance(a, torch.Tensor) else None for a in k), v, accumulate) \
-            if all(isinstance(a, torch.Tensor) for a in k) else None
+        want = (
+            x.index_put(tuple(a if isinstance(a, torch.Tensor) else None for a in k), v, accumulate)
+            if all(isinstance(a, torch.Tensor) for a in k)
+            else None
+        )
         if want is not None:
-            got = on_tpu(lambda t, w: t.index_put(tuple(a.to("tpu") for a in k), w, accumulate), x, v)
+            got = on_tpu(
+                lambda t, w, acc=accumulate: t.index_put(tuple(a.to("tpu") for a in k), w, acc), x, v
+            )
             torch.testing.assert_close(got, want)
     t = x.to("tpu")
     t[tuple(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in k)] = v.to("tpu")
@@ -208,12 +271,17 @@ F = torch.nn.functional
 @pytest.mark.parametrize("out", [(3, 5), (1, 1), (7, 4), (2, 7)])
 def test_adaptive_pools_2d(nan_mode, no_fallback, out):
     x = torch.randn(2, 3, 7, 5)
-    torch.testing.assert_close(on_tpu(F.adaptive_avg_pool2d, x, out), F.adaptive_avg_pool2d(x, out), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        on_tpu(F.adaptive_avg_pool2d, x, out), F.adaptive_avg_pool2d(x, out), rtol=1e-5, atol=1e-6
+    )
     x[0, 0, 1, 1] = NAN
     x[0, 0, 2, 2] = NAN  # the last NaN of a window is the index
     x[1, 2] = 1.0  # ties: the first maximum
     x[1, 1] = -INF
-    got, want = on_tpu(F.adaptive_max_pool2d, x, out, return_indices=True), F.adaptive_max_pool2d(x, out, return_indices=True)
+    got, want = (
+        on_tpu(F.adaptive_max_pool2d, x, out, return_indices=True),
+        F.adaptive_max_pool2d(x, out, return_indices=True),
+    )
     assert torch.equal(got[1], want[1])
     torch.testing.assert_close(got[0], want[0], equal_nan=True, rtol=0, atol=0)
 
@@ -221,8 +289,13 @@ def test_adaptive_pools_2d(nan_mode, no_fallback, out):
 def test_adaptive_pools_3d_and_unbatched(nan_mode, no_fallback):
     x = torch.randn(2, 5, 4, 6)
     for out in ((2, 3, 4), (5, 1, 6)):
-        torch.testing.assert_close(on_tpu(F.adaptive_avg_pool3d, x, out), F.adaptive_avg_pool3d(x, out), rtol=1e-5, atol=1e-6)
-        got, want = on_tpu(F.adaptive_max_pool3d, x, out, return_indices=True), F.adaptive_max_pool3d(x, out, return_indices=True)
+        torch.testing.assert_close(
+            on_tpu(F.adaptive_avg_pool3d, x, out), F.adaptive_avg_pool3d(x, out), rtol=1e-5, atol=1e-6
+        )
+        got, want = (
+            on_tpu(F.adaptive_max_pool3d, x, out, return_indices=True),
+            F.adaptive_max_pool3d(x, out, return_indices=True),
+        )
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     empty = torch.randn(0, 2, 4, 4)
     assert on_tpu(F.adaptive_avg_pool2d, empty, 2).shape == (0, 2, 2, 2)
@@ -239,23 +312,38 @@ def test_avg_pool(nan_mode, no_fallback, ceil_mode, count_include_pad, divisor_o
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     y = torch.randn(1, 5, 6, 7)
     want = F.avg_pool3d(y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override)
-    torch.testing.assert_close(on_tpu(F.avg_pool3d, y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override), want,
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        on_tpu(F.avg_pool3d, y, 3, 2, 1, ceil_mode, count_include_pad, divisor_override),
+        want,
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 # ---- interpolation --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("align_corners", [False, True])
-@pytest.mark.parametrize("mode,shape,size", [
-    ("linear", (2, 3, 7), (12,)), ("linear", (2, 3, 7), (3,)), ("bilinear", (2, 3, 5, 6), (9, 4)),
-    ("bicubic", (2, 3, 5, 6), (11, 3)), ("bicubic", (1, 1, 4, 4), (1, 1)), ("trilinear", (1, 2, 3, 4, 5), (6, 2, 5)),
-])
+@pytest.mark.parametrize(
+    "mode,shape,size",
+    [
+        ("linear", (2, 3, 7), (12,)),
+        ("linear", (2, 3, 7), (3,)),
+        ("bilinear", (2, 3, 5, 6), (9, 4)),
+        ("bicubic", (2, 3, 5, 6), (11, 3)),
+        ("bicubic", (1, 1, 4, 4), (1, 1)),
+        ("trilinear", (1, 2, 3, 4, 5), (6, 2, 5)),
+    ],
+)
 def test_interpolate_sizes(nan_mode, no_fallback, align_corners, mode, shape, size):
     x = torch.randn(shape)
     want = F.interpolate(x, size=size, mode=mode, align_corners=align_corners)
-    torch.testing.assert_close(on_tpu(F.interpolate, x, size=size, mode=mode, align_corners=align_corners), want,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        on_tpu(F.interpolate, x, size=size, mode=mode, align_corners=align_corners),
+        want,
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
@@ -268,7 +356,9 @@ def test_interpolate_scale_factors_and_infinities(nan_mode, no_fallback, mode):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     x[0, 0, 2, 3] = NAN  # NaN spreads to the outputs that weigh it, as in PyTorch
     want = F.interpolate(x, size=(7, 9), mode=mode)
-    torch.testing.assert_close(on_tpu(F.interpolate, x, size=(7, 9), mode=mode), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        on_tpu(F.interpolate, x, size=(7, 9), mode=mode), want, equal_nan=True, rtol=1e-5, atol=1e-5
+    )
 
 
 # ---- embedding_bag --------------------------------------------------------------
@@ -283,16 +373,34 @@ def test_embedding_bag(nan_mode, no_fallback, mode, include_last_offset):
     # len(indices), as PyTorch requires (its CPU paths disagree otherwise).
     offsets = torch.tensor([0, 4, 4, 7, 9] if include_last_offset else [0, 4, 4, 7])
     for padding_idx in (None, 4):
-        want = F.embedding_bag(indices, weight, offsets, mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx)
-        got = on_tpu(F.embedding_bag, indices, weight, offsets, mode=mode, include_last_offset=include_last_offset,
-                     padding_idx=padding_idx)
+        want = F.embedding_bag(
+            indices,
+            weight,
+            offsets,
+            mode=mode,
+            include_last_offset=include_last_offset,
+            padding_idx=padding_idx,
+        )
+        got = on_tpu(
+            F.embedding_bag,
+            indices,
+            weight,
+            offsets,
+            mode=mode,
+            include_last_offset=include_last_offset,
+            padding_idx=padding_idx,
+        )
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     rows = indices[:8].reshape(2, 4)
-    torch.testing.assert_close(on_tpu(F.embedding_bag, rows, weight, mode=mode), F.embedding_bag(rows, weight, mode=mode))
+    torch.testing.assert_close(
+        on_tpu(F.embedding_bag, rows, weight, mode=mode), F.embedding_bag(rows, weight, mode=mode)
+    )
     if mode == "sum":
         psw = torch.rand(9)
-        torch.testing.assert_close(on_tpu(F.embedding_bag, indices, weight, offsets, mode="sum", per_sample_weights=psw),
-                                   F.embedding_bag(indices, weight, offsets, mode="sum", per_sample_weights=psw))
+        torch.testing.assert_close(
+            on_tpu(F.embedding_bag, indices, weight, offsets, mode="sum", per_sample_weights=psw),
+            F.embedding_bag(indices, weight, offsets, mode="sum", per_sample_weights=psw),
+        )
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0])
@@ -340,7 +448,9 @@ def test_lgamma_digamma_against_float64(nan_mode, no_fallback, name):
     magnitudes 1e-30 .. 1e30 (measured: lgamma <= 6e-6, digamma <= 1e-6,
     absolute below 1, relative above); poles, signed zeros, infinities and
     NaN as PyTorch."""
-    x = torch.cat([torch.linspace(-50, 50, 20001), torch.logspace(-30, 30, 601), -torch.logspace(-30, 6, 601)])
+    x = torch.cat(
+        [torch.linspace(-50, 50, 20001), torch.logspace(-30, 30, 601), -torch.logspace(-30, 6, 601)]
+    )
     fn = getattr(torch, name)
     got = on_tpu(fn, x).double()
     ref = fn(x.double())
@@ -357,8 +467,15 @@ def test_polygamma_matches_cpu(nan_mode, no_fallback, n):
     """Cephes' zeta terms as PyTorch's CPU kernel sums them; negative x folded
     into positive arguments term by term (x just beside -k.5 is where the
     terms cancel)."""
-    x = torch.cat([torch.linspace(-9, 9, 4001), torch.linspace(-60, 60, 601), torch.logspace(-5, 6, 101),
-                   torch.tensor([-4.5, -4.500001, -10.5000001, 0.5]), torch.tensor([0.0, -0.0, -1.0, -3.0, INF, -INF, NAN])])
+    x = torch.cat(
+        [
+            torch.linspace(-9, 9, 4001),
+            torch.linspace(-60, 60, 601),
+            torch.logspace(-5, 6, 101),
+            torch.tensor([-4.5, -4.500001, -10.5000001, 0.5]),
+            torch.tensor([0.0, -0.0, -1.0, -3.0, INF, -INF, NAN]),
+        ]
+    )
     want = torch.polygamma(n, x)
     torch.testing.assert_close(on_tpu(torch.polygamma, n, x), want, rtol=1e-4, atol=1e-5, equal_nan=True)
 
@@ -370,4 +487,6 @@ def test_grid_sample_split_in_halves(nan_mode, no_fallback):
     x = torch.randn(1, 2, 16, 16, 16, generator=g)
     grid = torch.rand(1, 12, 12, 12, 3, generator=g) * 2.2 - 1.1
     want = F.grid_sample(x, grid, align_corners=False)
-    torch.testing.assert_close(on_tpu(F.grid_sample, x, grid, align_corners=False), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        on_tpu(F.grid_sample, x, grid, align_corners=False), want, rtol=1e-5, atol=1e-5
+    )

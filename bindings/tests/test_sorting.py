@@ -4,10 +4,9 @@ with `torch.equal` (every result of these ops is exact: values are moved,
 never computed), on NaN, ties, signed zeros, empty inputs and negative dims,
 and without the CPU fallback."""
 
+import deferfuse
 import pytest
 import torch
-
-import deferfuse
 from helpers import on_tpu
 
 NAN, INF = float("nan"), float("inf")
@@ -20,8 +19,11 @@ def same(got, want):
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
-        assert torch.equal(g.nan_to_num(nan=12345.0), w.nan_to_num(nan=12345.0)) if w.is_floating_point() \
-            else torch.equal(g, w), (g, w)
+        assert (
+            torch.equal(g.nan_to_num(nan=12345.0), w.nan_to_num(nan=12345.0))
+            if w.is_floating_point()
+            else torch.equal(g, w)
+        ), (g, w)
 
 
 SORT_INPUTS = [
@@ -35,11 +37,18 @@ SORT_INPUTS = [
 def test_sort_is_stable_with_pytorchs_nan_order(nan_mode, no_fallback, descending):
     for x in SORT_INPUTS:
         for dim in range(-x.dim(), x.dim()):
-            same(on_tpu(torch.sort, x, dim=dim, descending=descending), torch.sort(x, dim=dim, descending=descending))
-            same(on_tpu(torch.sort, x, dim=dim, descending=descending, stable=True),
-                 torch.sort(x, dim=dim, descending=descending, stable=True))
-            same(on_tpu(torch.argsort, x, dim=dim, descending=descending),
-                 torch.argsort(x, dim=dim, descending=descending))
+            same(
+                on_tpu(torch.sort, x, dim=dim, descending=descending),
+                torch.sort(x, dim=dim, descending=descending),
+            )
+            same(
+                on_tpu(torch.sort, x, dim=dim, descending=descending, stable=True),
+                torch.sort(x, dim=dim, descending=descending, stable=True),
+            )
+            same(
+                on_tpu(torch.argsort, x, dim=dim, descending=descending),
+                torch.argsort(x, dim=dim, descending=descending),
+            )
     same(on_tpu(torch.msort, SORT_INPUTS[2]), torch.msort(SORT_INPUTS[2]))
     signed = torch.tensor([0.0, -0.0, 1.0, -0.0, 0.0])  # equal keys keep their order
     got, want = on_tpu(torch.sort, signed, descending=descending), torch.sort(signed, descending=descending)
@@ -59,7 +68,10 @@ def test_unstable_sort_of_long_rows_with_ties_stays_exact(nan_mode, n):
         for descending in (False, True):
             same(on_tpu(torch.sort, x, descending=descending), torch.sort(x, descending=descending))
             same(on_tpu(torch.argsort, x, descending=descending), torch.argsort(x, descending=descending))
-            same(on_tpu(torch.sort, x, stable=True, descending=descending), torch.sort(x, stable=True, descending=descending))
+            same(
+                on_tpu(torch.sort, x, stable=True, descending=descending),
+                torch.sort(x, stable=True, descending=descending),
+            )
         used = deferfuse.fallback_counts() - before
         assert not used or (x is ties and n > 16 and set(used) == {"aten::sort"}), used
 
@@ -68,9 +80,13 @@ def test_unstable_sort_of_long_rows_with_ties_stays_exact(nan_mode, n):
 def test_sort_other_dtypes(nan_mode, no_fallback, dtype):
     x = (torch.randn(4, 7) * 3).round().to(dtype)
     for descending in (False, True):
-        same(on_tpu(torch.sort, x, dim=-1, descending=descending), torch.sort(x, dim=-1, descending=descending))
-        same(on_tpu(torch.sort, x, dim=0, descending=descending, stable=True),
-             torch.sort(x, dim=0, descending=descending, stable=True))
+        same(
+            on_tpu(torch.sort, x, dim=-1, descending=descending), torch.sort(x, dim=-1, descending=descending)
+        )
+        same(
+            on_tpu(torch.sort, x, dim=0, descending=descending, stable=True),
+            torch.sort(x, dim=0, descending=descending, stable=True),
+        )
 
 
 def test_sort_zero_dim_and_empty(nan_mode, no_fallback):
@@ -107,8 +123,10 @@ def test_nonzero(nan_mode, no_fallback):
 @pytest.mark.parametrize("fill_value", [-1, 7])
 def test_nonzero_static_pads_and_truncates(nan_mode, no_fallback, size, fill_value):
     for x in NONZERO_INPUTS:
-        same(on_tpu(torch.nonzero_static, x, size=size, fill_value=fill_value),
-             torch.nonzero_static(x, size=size, fill_value=fill_value))
+        same(
+            on_tpu(torch.nonzero_static, x, size=size, fill_value=fill_value),
+            torch.nonzero_static(x, size=size, fill_value=fill_value),
+        )
 
 
 UNIQUE_INPUTS = [
@@ -125,35 +143,62 @@ def test_unique(nan_mode, no_fallback, sorted_):
     for x in UNIQUE_INPUTS + [torch.empty(0), torch.empty(2, 0)]:
         for inverse in (False, True):
             for counts in (False, True):
-                same(on_tpu(torch.ops.aten._unique2, x, sorted_, inverse, counts),
-                     torch.ops.aten._unique2(x, sorted_, inverse, counts))
-                same(on_tpu(torch.unique_consecutive, x, return_inverse=inverse, return_counts=counts),
-                     torch.unique_consecutive(x, return_inverse=inverse, return_counts=counts))
+                same(
+                    on_tpu(torch.ops.aten._unique2, x, sorted_, inverse, counts),
+                    torch.ops.aten._unique2(x, sorted_, inverse, counts),
+                )
+                same(
+                    on_tpu(torch.unique_consecutive, x, return_inverse=inverse, return_counts=counts),
+                    torch.unique_consecutive(x, return_inverse=inverse, return_counts=counts),
+                )
         same(on_tpu(torch.unique, x, sorted=sorted_), torch.unique(x, sorted=sorted_))
 
 
 def test_unique_along_a_dim(nan_mode, no_fallback):
-    rows = torch.tensor([[1.0, 2.0, 0.0], [0.0, 5.0, 1.0], [1.0, 2.0, 0.0], [0.0, 3.0, 1.0], [0.0, 3.0, 1.0], [-INF, 0.0, 0.0]])
+    rows = torch.tensor(
+        [
+            [1.0, 2.0, 0.0],
+            [0.0, 5.0, 1.0],
+            [1.0, 2.0, 0.0],
+            [0.0, 3.0, 1.0],
+            [0.0, 3.0, 1.0],
+            [-INF, 0.0, 0.0],
+        ]
+    )
     for x in (rows, rows.long(), rows > 0, torch.randint(0, 2, (3, 4, 2)).float(), torch.empty(0, 3)):
         for dim in range(-x.dim(), x.dim()):
             if x.numel() == 0 and x.shape[dim] != 0:
                 continue  # PyTorch rejects an unselected empty dimension
             for inverse in (False, True):
                 for counts in (False, True):
-                    same(on_tpu(torch.unique, x, dim=dim, return_inverse=inverse, return_counts=counts),
-                         torch.unique(x, dim=dim, return_inverse=inverse, return_counts=counts))
-                    same(on_tpu(torch.unique_consecutive, x, dim=dim, return_inverse=inverse, return_counts=counts),
-                         torch.unique_consecutive(x, dim=dim, return_inverse=inverse, return_counts=counts))
+                    same(
+                        on_tpu(torch.unique, x, dim=dim, return_inverse=inverse, return_counts=counts),
+                        torch.unique(x, dim=dim, return_inverse=inverse, return_counts=counts),
+                    )
+                    same(
+                        on_tpu(
+                            torch.unique_consecutive, x, dim=dim, return_inverse=inverse, return_counts=counts
+                        ),
+                        torch.unique_consecutive(x, dim=dim, return_inverse=inverse, return_counts=counts),
+                    )
 
 
 def test_unique_dim_with_nan_runs_on_the_cpu(nan_mode):
     x = torch.tensor([[1.0, NAN], [1.0, NAN], [0.0, 2.0]])
-    same(on_tpu(torch.unique, x, dim=0, return_inverse=True, return_counts=True),
-         torch.unique(x, dim=0, return_inverse=True, return_counts=True))
-    same(on_tpu(torch.unique_consecutive, x, dim=0, return_counts=True), torch.unique_consecutive(x, dim=0, return_counts=True))
+    same(
+        on_tpu(torch.unique, x, dim=0, return_inverse=True, return_counts=True),
+        torch.unique(x, dim=0, return_inverse=True, return_counts=True),
+    )
+    same(
+        on_tpu(torch.unique_consecutive, x, dim=0, return_counts=True),
+        torch.unique_consecutive(x, dim=0, return_counts=True),
+    )
 
 
-DISTINCT = [torch.randperm(24).float().reshape(2, 3, 4) - 11.5, torch.tensor([2.0, -INF, NAN, 0.5, INF, -3.0])]
+DISTINCT = [
+    torch.randperm(24).float().reshape(2, 3, 4) - 11.5,
+    torch.tensor([2.0, -INF, NAN, 0.5, INF, -3.0]),
+]
 
 
 @pytest.mark.parametrize("largest", [False, True])
@@ -161,7 +206,10 @@ def test_topk_and_kthvalue_without_ties(nan_mode, no_fallback, largest):
     for x in DISTINCT:
         for dim in range(-x.dim(), x.dim()):
             for k in range(1, x.shape[dim] + 1):
-                same(on_tpu(torch.topk, x, k, dim=dim, largest=largest), torch.topk(x, k, dim=dim, largest=largest))
+                same(
+                    on_tpu(torch.topk, x, k, dim=dim, largest=largest),
+                    torch.topk(x, k, dim=dim, largest=largest),
+                )
                 same(on_tpu(torch.kthvalue, x, k, dim, True), torch.kthvalue(x, k, dim, True))
                 same(on_tpu(torch.kthvalue, x, k, dim), torch.kthvalue(x, k, dim))
     scalar = torch.tensor(1.5)
@@ -172,8 +220,11 @@ def test_topk_and_kthvalue_without_ties(nan_mode, no_fallback, largest):
 def test_topk_and_kthvalue_with_ties_stay_exact(nan_mode):
     """Ties in short rows are the CPU's insertion sort (stable); longer rows
     with a picked value that has an equal run on the CPU."""
-    for x in (torch.tensor([[1.0, 1.0, 0.0], [NAN, 2.0, NAN]]), torch.randint(0, 3, (4, 9)).float(),
-              torch.tensor([[NAN, NAN, 1.0, 2.0, 5.0, 5.0]])):
+    for x in (
+        torch.tensor([[1.0, 1.0, 0.0], [NAN, 2.0, NAN]]),
+        torch.randint(0, 3, (4, 9)).float(),
+        torch.tensor([[NAN, NAN, 1.0, 2.0, 5.0, 5.0]]),
+    ):
         for k in range(1, x.shape[-1] + 1):
             for largest in (False, True):
                 same(on_tpu(torch.topk, x, k, largest=largest), torch.topk(x, k, largest=largest))
@@ -185,9 +236,14 @@ def test_topk_and_kthvalue_with_ties_stay_exact(nan_mode):
 
 
 def test_median_breaks_ties_by_position(nan_mode, no_fallback):
-    inputs = [torch.randint(0, 3, (5, 8)).float(), torch.randint(0, 3, (4, 7)),
-              torch.tensor([[3.0, NAN, 1.0, NAN, 2.0], [4.0, 4.0, 1.0, 1.0, 0.0]]),
-              torch.randn(3, 2, 1, 2), torch.tensor(7.0), torch.tensor([[NAN, NAN, NAN], [NAN, 1.0, NAN]])]
+    inputs = [
+        torch.randint(0, 3, (5, 8)).float(),
+        torch.randint(0, 3, (4, 7)),
+        torch.tensor([[3.0, NAN, 1.0, NAN, 2.0], [4.0, 4.0, 1.0, 1.0, 0.0]]),
+        torch.randn(3, 2, 1, 2),
+        torch.tensor(7.0),
+        torch.tensor([[NAN, NAN, NAN], [NAN, 1.0, NAN]]),
+    ]
     for x in inputs:
         same(on_tpu(torch.median, x), torch.median(x))
         same(on_tpu(torch.nanmedian, x), torch.nanmedian(x))
@@ -212,8 +268,13 @@ def test_nanmedian_of_a_long_row_of_nan_runs_on_the_cpu(nan_mode):
 
 
 def test_mode(nan_mode, no_fallback):
-    for x in (torch.randint(0, 3, (4, 6)).float(), torch.tensor([[-0.0, 0.0, 2.0, 2.0, 0.0]]), torch.randint(-2, 2, (3, 5, 4)),
-              torch.tensor([[True, False, True]]), torch.tensor(3.0)):
+    for x in (
+        torch.randint(0, 3, (4, 6)).float(),
+        torch.tensor([[-0.0, 0.0, 2.0, 2.0, 0.0]]),
+        torch.randint(-2, 2, (3, 5, 4)),
+        torch.tensor([[True, False, True]]),
+        torch.tensor(3.0),
+    ):
         for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
             for keepdim in (False, True):
                 want = torch.mode(x, dim, keepdim)
@@ -235,9 +296,15 @@ def test_every_op_in_every_mode_on_finite_inputs(mode, no_fallback):
     same(on_tpu(torch.sort, x, 1, True), torch.sort(x, 1, True))
     same(on_tpu(torch.nonzero, x), torch.nonzero(x))
     same(on_tpu(torch.nonzero_static, x, size=4), torch.nonzero_static(x, size=4))
-    same(on_tpu(torch.unique, x, return_inverse=True, return_counts=True), torch.unique(x, return_inverse=True, return_counts=True))
+    same(
+        on_tpu(torch.unique, x, return_inverse=True, return_counts=True),
+        torch.unique(x, return_inverse=True, return_counts=True),
+    )
     same(on_tpu(torch.unique, x, dim=1, return_inverse=True), torch.unique(x, dim=1, return_inverse=True))
-    same(on_tpu(torch.unique_consecutive, x, return_counts=True), torch.unique_consecutive(x, return_counts=True))
+    same(
+        on_tpu(torch.unique_consecutive, x, return_counts=True),
+        torch.unique_consecutive(x, return_counts=True),
+    )
     distinct = torch.tensor([[3.0, -1.0, 0.0, 2.5, 4.0], [1.0, 6.0, -2.0, 7.0, 0.5]])
     same(on_tpu(torch.topk, distinct, 2), torch.topk(distinct, 2))
     same(on_tpu(torch.kthvalue, distinct, 3), torch.kthvalue(distinct, 3))

@@ -71,7 +71,13 @@ fn run(mode: Mode) -> Result<Report> {
         times.push(start.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
-    Ok(Report { mode, backend: ctx.backend_name(), time_ms: times[RUNS / 2], peak_bytes: ctx.memory().peak_bytes, output })
+    Ok(Report {
+        mode,
+        backend: ctx.backend_name(),
+        time_ms: times[RUNS / 2],
+        peak_bytes: ctx.memory().peak_bytes,
+        output,
+    })
 }
 
 fn main() -> Result<()> {
@@ -81,7 +87,10 @@ fn main() -> Result<()> {
     if !json {
         println!("MLP block [{BATCH}x{WIDTH}] -> {HIDDEN} -> {WIDTH} + residual + LayerNorm, median of {RUNS} runs");
         println!("backend: {}", reports[0].backend);
-        println!("{:<16} {:>10} {:>14} {:>22}", "mode", "time_ms", "peak_bytes", "max_abs_diff_vs_strict");
+        println!(
+            "{:<16} {:>10} {:>14} {:>22}",
+            "mode", "time_ms", "peak_bytes", "max_abs_diff_vs_strict"
+        );
     }
     for r in &reports {
         let diff = r.output.iter().zip(strict).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
@@ -91,7 +100,13 @@ fn main() -> Result<()> {
                 r.mode, r.backend, r.time_ms, r.peak_bytes, diff
             );
         } else {
-            println!("{:<16} {:>10.3} {:>14} {:>22e}", r.mode.name(), r.time_ms, r.peak_bytes, diff);
+            println!(
+                "{:<16} {:>10.3} {:>14} {:>22e}",
+                r.mode.name(),
+                r.time_ms,
+                r.peak_bytes,
+                diff
+            );
         }
     }
     Ok(())

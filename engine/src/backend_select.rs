@@ -73,7 +73,11 @@ pub(crate) fn create(config: &Config, tracker: Arc<MemoryTracker>) -> Result<Arc
 }
 
 #[cfg(feature = "pjrt")]
-fn pjrt(plugin: Option<&PathBuf>, config: &Config, tracker: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
+fn pjrt(
+    plugin: Option<&PathBuf>,
+    config: &Config,
+    tracker: Arc<MemoryTracker>,
+) -> Result<Arc<dyn Backend>> {
     use runtime::pjrt::PjrtBackend;
     let backend = match plugin {
         Some(path) => PjrtBackend::with_plugin(path, tracker)?,
@@ -98,7 +102,8 @@ fn pjrt(_: Option<&PathBuf>, _: &Config, _: Arc<MemoryTracker>) -> Result<Arc<dy
     Err(Error::Config {
         var: ENV_BACKEND.into(),
         value: "pjrt".into(),
-        valid: "cpu (this build of deferfuse has no PJRT backend; build it with `--features pjrt`)".into(),
+        valid: "cpu (this build of deferfuse has no PJRT backend; build it with `--features pjrt`)"
+            .into(),
     })
 }
 

@@ -114,7 +114,11 @@ fn parse_rounding(s: &str) -> Result<FusedRounding> {
     match s.trim().to_ascii_lowercase().as_str() {
         "once" => Ok(FusedRounding::Once),
         "per_op" => Ok(FusedRounding::PerOp),
-        _ => Err(Error::Config { var: ENV_FUSED_ROUNDING.into(), value: s.into(), valid: "once, per_op".into() }),
+        _ => Err(Error::Config {
+            var: ENV_FUSED_ROUNDING.into(),
+            value: s.into(),
+            valid: "once, per_op".into(),
+        }),
     }
 }
 
@@ -169,7 +173,9 @@ pub fn default_cache_dir(get: &impl Fn(&str) -> Option<String>) -> Option<std::p
     let base = get("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)
-        .or_else(|| get("HOME").filter(|v| !v.is_empty()).map(|h| std::path::Path::new(&h).join(".cache")))?;
+        .or_else(|| {
+            get("HOME").filter(|v| !v.is_empty()).map(|h| std::path::Path::new(&h).join(".cache"))
+        })?;
     Some(base.join("deferfuse"))
 }
 
@@ -205,11 +211,12 @@ impl Config {
             config.mode = v.parse()?;
         }
         if let Some(v) = get(ENV_MAX_PENDING_OPS) {
-            config.max_pending_ops = v.trim().parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| Error::Config {
-                var: ENV_MAX_PENDING_OPS.into(),
-                value: v.clone(),
-                valid: "a positive integer".into(),
-            })?;
+            config.max_pending_ops =
+                v.trim().parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| Error::Config {
+                    var: ENV_MAX_PENDING_OPS.into(),
+                    value: v.clone(),
+                    valid: "a positive integer".into(),
+                })?;
         }
         if let Some(v) = get(ENV_DEBUG_CHECKS) {
             config.debug_checks = v.parse()?;
@@ -221,7 +228,13 @@ impl Config {
             config.fusion = match v.trim().to_ascii_lowercase().as_str() {
                 "on" | "1" | "true" => true,
                 "off" | "0" | "false" => false,
-                _ => return Err(Error::Config { var: ENV_FUSION.into(), value: v.clone(), valid: "on, off".into() }),
+                _ => {
+                    return Err(Error::Config {
+                        var: ENV_FUSION.into(),
+                        value: v.clone(),
+                        valid: "on, off".into(),
+                    })
+                }
             };
         }
         config.cache_dir = match get(ENV_CACHE_DIR) {
@@ -239,8 +252,11 @@ impl Config {
         if let Some(v) = get(crate::backend_select::ENV_BACKEND) {
             config.backend = v.parse()?;
         }
-        config.pjrt_plugin = get(crate::backend_select::ENV_PJRT_PLUGIN).filter(|v| !v.trim().is_empty()).map(Into::into);
-        config.fusion_dump = get(ENV_FUSION_DUMP).filter(|v| !v.trim().is_empty()).map(|v| v.trim().into());
+        config.pjrt_plugin = get(crate::backend_select::ENV_PJRT_PLUGIN)
+            .filter(|v| !v.trim().is_empty())
+            .map(Into::into);
+        config.fusion_dump =
+            get(ENV_FUSION_DUMP).filter(|v| !v.trim().is_empty()).map(|v| v.trim().into());
         Ok(config)
     }
 }

@@ -4,16 +4,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use runtime::{Backend, Buffer, Executable, HostData, MemoryStats, MemoryTracker};
 use rewrite_rules::planner::PlanConfig;
+use runtime::{Backend, Buffer, Executable, HostData, MemoryStats, MemoryTracker};
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
+use crate::config::{Config, Mode};
 use crate::disk_cache::DiskCache;
 use crate::dump::{Dumps, FlushFacts, Probe};
-use crate::pipeline::{CacheStats, Pipeline, Prepared, Preparation};
-use crate::config::{Config, Mode};
 use crate::element::Element;
 use crate::pending::PendingTrace;
+use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared};
 use crate::stream::{Job, Stream};
 use crate::tensor::{Cell, Tensor, TensorInner};
 
@@ -97,7 +97,9 @@ impl Context {
     pub fn with_backend(config: Config, backend: Arc<dyn Backend>) -> Result<Context> {
         let disk = config.cache_dir.as_ref().and_then(|dir| {
             DiskCache::open(dir.join(backend.name()), config.cache_bytes)
-                .map_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "on-disk cache disabled"))
+                .map_err(
+                    |e| tracing::warn!(dir = %dir.display(), error = %e, "on-disk cache disabled"),
+                )
                 .ok()
         });
         let plan = PlanConfig { rounding: config.fused_rounding, ..PlanConfig::default() };
@@ -182,7 +184,12 @@ impl Context {
     pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
         let meta = Meta::new(shape.into(), T::DTYPE);
         if data.len() != meta.numel() {
-            return Err(Error::DataLength { op: "from_vec".into(), len: data.len(), numel: meta.numel(), shape: meta.shape });
+            return Err(Error::DataLength {
+                op: "from_vec".into(),
+                len: data.len(),
+                numel: meta.numel(),
+                shape: meta.shape,
+            });
         }
         self.from_host(meta, T::into_host(data))
     }
@@ -228,17 +235,22 @@ impl Shared {
                 Ok(Tensor(output))
             }
             Mode::Debug => {
-                let buffers = inputs.iter().map(|t| self.materialize(&t.0)).collect::<Result<Vec<_>>>()?;
+                let buffers =
+                    inputs.iter().map(|t| self.materialize(&t.0)).collect::<Result<Vec<_>>>()?;
                 let input_metas: Vec<Meta> = metas.into_iter().cloned().collect();
                 let trace = single_op_trace(&op, &input_metas)?;
                 let (exe, _) = self.pipeline.executable(&trace, Preparation::Unfused)?;
-                let out = exe.run(buffers)?.pop().ok_or_else(|| Error::backend(self.backend.name(), "no output"))?;
+                let out = exe
+                    .run(buffers)?
+                    .pop()
+                    .ok_or_else(|| Error::backend(self.backend.name(), "no output"))?;
                 self.check_finite(&op, &input_metas, &out)?;
                 Ok(Tensor(TensorInner::new(self.clone(), meta, Cell::Ready(out))))
             }
             Mode::DeferAndFuse => {
                 let mut pending = self.pending.lock().unwrap();
-                let nodes = inputs.iter().map(|t| pending.node_of(&t.0)).collect::<Result<Vec<_>>>()?;
+                let nodes =
+                    inputs.iter().map(|t| pending.node_of(&t.0)).collect::<Result<Vec<_>>>()?;
                 let node = pending.push(op, &nodes)?;
                 let epoch = pending.epoch;
                 let tensor = TensorInner::new(self.clone(), meta, Cell::Deferred { node, epoch });
@@ -281,7 +293,14 @@ impl Shared {
             *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, &prepared));
             match probe {
                 None => exe.run(plan.inputs),
-                Some(probe) => self.run_dumped(probe, &*exe, plan.inputs, &plan.trace, &plan.call_sites, &prepared),
+                Some(probe) => self.run_dumped(
+                    probe,
+                    &*exe,
+                    plan.inputs,
+                    &plan.trace,
+                    &plan.call_sites,
+                    &prepared,
+                ),
             }
         });
         match result {
@@ -320,20 +339,23 @@ impl Shared {
         let peak = memory.stats().peak_bytes;
         memory.restore_peak(outer.peak_bytes);
         let Some(dumps) = &self.dumps else { return result };
-        dumps.write(probe, FlushFacts {
-            backend: self.backend.name(),
-            fused: self.config.fusion,
-            recorded,
-            call_sites,
-            program: &prepared.program,
-            rewrote: prepared.rewrite.is_some(),
-            resized_from: prepared.resized_from.as_ref(),
-            prepared_graph: self.pipeline.take_extracted(),
-            cache_after: self.pipeline.stats(),
-            run_ns,
-            live_before: outer.live_bytes as u64,
-            peak: peak as u64,
-        });
+        dumps.write(
+            probe,
+            FlushFacts {
+                backend: self.backend.name(),
+                fused: self.config.fusion,
+                recorded,
+                call_sites,
+                program: &prepared.program,
+                rewrote: prepared.rewrite.is_some(),
+                resized_from: prepared.resized_from.as_ref(),
+                prepared_graph: self.pipeline.take_extracted(),
+                cache_after: self.pipeline.stats(),
+                run_ns,
+                live_before: outer.live_bytes as u64,
+                peak: peak as u64,
+            },
+        );
         result
     }
 

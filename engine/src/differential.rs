@@ -50,13 +50,23 @@ pub fn close(a: f64, b: f64, tol: Tolerance) -> bool {
 /// values. Each output is held to its dtype's tolerance, or to `loosest`'s
 /// when that is looser: a fused f32 output computed from bf16 values differs
 /// from the eager one by bf16 roundings the fused kernel did not do.
-pub fn compare(actual: &[HostData], expected: &[HostData], loosest: Option<DType>) -> Result<(), String> {
+pub fn compare(
+    actual: &[HostData],
+    expected: &[HostData],
+    loosest: Option<DType>,
+) -> Result<(), String> {
     if actual.len() != expected.len() {
         return Err(format!("{} outputs, expected {}", actual.len(), expected.len()));
     }
     for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
         if a.dtype() != e.dtype() || a.len() != e.len() {
-            return Err(format!("output {i}: {} x {} vs {} x {}", a.dtype(), a.len(), e.dtype(), e.len()));
+            return Err(format!(
+                "output {i}: {} x {} vs {} x {}",
+                a.dtype(),
+                a.len(),
+                e.dtype(),
+                e.len()
+            ));
         }
         let own = tolerance(e.dtype());
         let tol = match loosest.map(tolerance) {
@@ -65,7 +75,12 @@ pub fn compare(actual: &[HostData], expected: &[HostData], loosest: Option<DType
         };
         let (av, ev) = (a.to_f64_vec(), e.to_f64_vec());
         if let Some(j) = (0..av.len()).find(|&j| !close(av[j], ev[j], tol)) {
-            return Err(format!("output {i} ({}), element {j}: {} vs {} (tolerance {tol:?})", e.dtype(), av[j], ev[j]));
+            return Err(format!(
+                "output {i} ({}), element {j}: {} vs {} (tolerance {tol:?})",
+                e.dtype(),
+                av[j],
+                ev[j]
+            ));
         }
     }
     Ok(())
@@ -86,11 +101,16 @@ pub fn random_inputs(params: &[Meta], seed: u64) -> Vec<HostData> {
         .iter()
         .map(|m| {
             let n = m.numel();
-            let unit: Vec<f64> = (0..n).map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64).collect();
+            let unit: Vec<f64> =
+                (0..n).map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64).collect();
             match m.dtype {
                 DType::F32 => HostData::F32(unit.iter().map(|u| (u * 4.0 - 2.0) as f32).collect()),
-                DType::BF16 => HostData::BF16(unit.iter().map(|u| half::bf16::from_f64(u * 4.0 - 2.0)).collect()),
-                DType::F16 => HostData::F16(unit.iter().map(|u| half::f16::from_f64(u * 4.0 - 2.0)).collect()),
+                DType::BF16 => HostData::BF16(
+                    unit.iter().map(|u| half::bf16::from_f64(u * 4.0 - 2.0)).collect(),
+                ),
+                DType::F16 => {
+                    HostData::F16(unit.iter().map(|u| half::f16::from_f64(u * 4.0 - 2.0)).collect())
+                }
                 DType::I32 => HostData::I32(unit.iter().map(|u| (u * 9.0) as i32 - 4).collect()),
                 DType::I64 => HostData::I64(unit.iter().map(|u| (u * 9.0) as i64 - 4).collect()),
                 DType::Bool => HostData::Bool(unit.iter().map(|u| *u < 0.5).collect()),
@@ -101,7 +121,10 @@ pub fn random_inputs(params: &[Meta], seed: u64) -> Vec<HostData> {
 
 /// Runs `trace` op by op on a fresh native CPU backend: the reference every
 /// optimized or fused result is compared with.
-pub fn run_reference(trace: &trace_ir::Trace, inputs: &[HostData]) -> trace_ir::Result<Vec<HostData>> {
+pub fn run_reference(
+    trace: &trace_ir::Trace,
+    inputs: &[HostData],
+) -> trace_ir::Result<Vec<HostData>> {
     use runtime::{Backend, CpuBackend, MemoryTracker};
     let backend = CpuBackend::new(MemoryTracker::new());
     let params = trace.parameters();
@@ -116,7 +139,11 @@ pub fn run_reference(trace: &trace_ir::Trace, inputs: &[HostData]) -> trace_ir::
 
 /// Runs `trace` the way DeferAndFuse does (e-graph rewrites, the kernel
 /// planner, fused kernels on the native CPU backend), without any cache.
-pub fn run_fused(trace: &trace_ir::Trace, inputs: &[HostData], config: &crate::Config) -> trace_ir::Result<Vec<HostData>> {
+pub fn run_fused(
+    trace: &trace_ir::Trace,
+    inputs: &[HostData],
+    config: &crate::Config,
+) -> trace_ir::Result<Vec<HostData>> {
     use runtime::{CpuBackend, MemoryTracker};
     run_fused_on(trace, inputs, config, &CpuBackend::new(MemoryTracker::new()))
 }
@@ -134,7 +161,10 @@ pub fn run_fused_on(
     let program = if backend.fuses_itself() {
         rewrite_rules::program::Program::unfused(&optimized)
     } else {
-        let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
+        let plan_config = rewrite_rules::planner::PlanConfig {
+            rounding: config.fused_rounding,
+            ..Default::default()
+        };
         rewrite_rules::planner::plan(&optimized, &plan_config)?
     };
     let buffers = trace
@@ -172,9 +202,12 @@ pub fn check_generated_on(bytes: &[u8], backend: &dyn runtime::Backend) -> Resul
     // the check sees kernel errors rather than the (documented, intended)
     // difference of rounding once, which ill-conditioned ops like sin of a
     // large argument amplify without bound.
-    let config = crate::Config { fused_rounding: crate::FusedRounding::PerOp, ..crate::Config::default() };
-    let actual = run_fused_on(&trace, &inputs, &config, backend).map_err(|e| format!("fused run failed: {e}\n{}", trace.to_json()))?;
-    compare(&actual, &expected, loosest_float(&trace)).map_err(|e| format!("{e}\ntrace: {}", trace.to_json()))?;
+    let config =
+        crate::Config { fused_rounding: crate::FusedRounding::PerOp, ..crate::Config::default() };
+    let actual = run_fused_on(&trace, &inputs, &config, backend)
+        .map_err(|e| format!("fused run failed: {e}\n{}", trace.to_json()))?;
+    compare(&actual, &expected, loosest_float(&trace))
+        .map_err(|e| format!("{e}\ntrace: {}", trace.to_json()))?;
     if backend.fuses_itself() {
         return Ok(()); // its executables are compiled per size
     }
@@ -191,9 +224,15 @@ fn check_resized(trace: &trace_ir::Trace, config: &crate::Config, seed: u64) -> 
     use runtime::{Backend, CpuBackend, MemoryTracker};
     let grow = |d: usize| if d >= 2 { 2 * d + 1 } else { d };
     let Some(resized) = resize_trace(trace, grow) else { return Ok(()) };
-    let optimized = rewrite_rules::optimize(trace, &config.effective_rewrite()).map_err(|e| e.to_string())?.trace;
-    let plan_config = rewrite_rules::planner::PlanConfig { rounding: config.fused_rounding, ..Default::default() };
-    let program = rewrite_rules::planner::plan(&optimized, &plan_config).map_err(|e| e.to_string())?;
+    let optimized = rewrite_rules::optimize(trace, &config.effective_rewrite())
+        .map_err(|e| e.to_string())?
+        .trace;
+    let plan_config = rewrite_rules::planner::PlanConfig {
+        rounding: config.fused_rounding,
+        ..Default::default()
+    };
+    let program =
+        rewrite_rules::planner::plan(&optimized, &plan_config).map_err(|e| e.to_string())?;
     let (from, to) = (trace_ir::ShapeClass::of(trace), trace_ir::ShapeClass::of(&resized));
     if from.signature != to.signature {
         // Sizes that do not follow the map (a slice's length, a merged
@@ -204,8 +243,12 @@ fn check_resized(trace: &trace_ir::Trace, config: &crate::Config, seed: u64) -> 
     let backend = CpuBackend::new(MemoryTracker::new());
     let exe = backend.compile(&program).map_err(|e| e.to_string())?;
     let exe2 = exe.resized(&program2).ok_or("the native backend refused a resized program")?;
-    let inputs = random_inputs(&resized.parameters().iter().map(|&p| resized.meta(p).clone()).collect::<Vec<_>>(), seed ^ 1);
-    let expected = run_reference(&resized, &inputs).map_err(|e| format!("reference failed: {e}"))?;
+    let inputs = random_inputs(
+        &resized.parameters().iter().map(|&p| resized.meta(p).clone()).collect::<Vec<_>>(),
+        seed ^ 1,
+    );
+    let expected =
+        run_reference(&resized, &inputs).map_err(|e| format!("reference failed: {e}"))?;
     let buffers = resized
         .parameters()
         .iter()
@@ -215,14 +258,20 @@ fn check_resized(trace: &trace_ir::Trace, config: &crate::Config, seed: u64) -> 
         .map_err(|e| e.to_string())?;
     let actual = exe2
         .run(buffers)
-        .and_then(|outs| outs.iter().map(|b| backend.download(b)).collect::<trace_ir::Result<Vec<_>>>())
+        .and_then(|outs| {
+            outs.iter().map(|b| backend.download(b)).collect::<trace_ir::Result<Vec<_>>>()
+        })
         .map_err(|e| format!("resized run failed: {e}\ntrace: {}", trace.to_json()))?;
-    compare(&actual, &expected, loosest_float(&resized)).map_err(|e| format!("resized: {e}\ntrace: {}", trace.to_json()))
+    compare(&actual, &expected, loosest_float(&resized))
+        .map_err(|e| format!("resized: {e}\ntrace: {}", trace.to_json()))
 }
 
 /// `trace` recorded again with every size `d` of its shapes and shape
 /// attributes replaced by `map(d)`; `None` when that is not a valid trace.
-pub fn resize_trace(trace: &trace_ir::Trace, map: impl Fn(usize) -> usize) -> Option<trace_ir::Trace> {
+pub fn resize_trace(
+    trace: &trace_ir::Trace,
+    map: impl Fn(usize) -> usize,
+) -> Option<trace_ir::Trace> {
     let mut out = trace_ir::Trace::new();
     for node in &trace.nodes {
         let mut op = node.op.clone();
@@ -244,7 +293,12 @@ pub fn resize_trace(trace: &trace_ir::Trace, map: impl Fn(usize) -> usize) -> Op
 
 /// The least precise float dtype any node of `trace` has.
 pub fn loosest_float(trace: &trace_ir::Trace) -> Option<DType> {
-    trace.nodes.iter().map(|n| n.meta.dtype).filter(|d| d.is_float()).max_by(|a, b| tolerance(*a).rtol.total_cmp(&tolerance(*b).rtol))
+    trace
+        .nodes
+        .iter()
+        .map(|n| n.meta.dtype)
+        .filter(|d| d.is_float())
+        .max_by(|a, b| tolerance(*a).rtol.total_cmp(&tolerance(*b).rtol))
 }
 
 /// `trace` made well conditioned for a differential check: it stops before
@@ -265,7 +319,9 @@ fn continuous_only(trace: &trace_ir::Trace) -> trace_ir::Trace {
         _ => false,
     };
     let guarded = |op: &Op, input: usize| match op {
-        Op::Unary { kind } => matches!(kind, UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log | UnaryOp::Reciprocal),
+        Op::Unary { kind } => {
+            matches!(kind, UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log | UnaryOp::Reciprocal)
+        }
         Op::Binary { kind: BinaryOp::Div } => input == 1,
         _ => false,
     };
@@ -280,8 +336,11 @@ fn continuous_only(trace: &trace_ir::Trace) -> trace_ir::Trace {
             let mut id = remap[i];
             if guarded(&node.op, k) {
                 let dtype = out.meta(id).dtype;
-                let abs = out.push(Op::Unary { kind: UnaryOp::Abs }, &[id]).expect("abs of a float");
-                let one = out.push(Op::Full { value: 1.0, shape: Default::default(), dtype }, &[]).expect("a literal");
+                let abs =
+                    out.push(Op::Unary { kind: UnaryOp::Abs }, &[id]).expect("abs of a float");
+                let one = out
+                    .push(Op::Full { value: 1.0, shape: Default::default(), dtype }, &[])
+                    .expect("a literal");
                 id = out.push(Op::Binary { kind: BinaryOp::Add }, &[abs, one]).expect("same dtype");
             }
             inputs.push(id);
@@ -293,7 +352,9 @@ fn continuous_only(trace: &trace_ir::Trace) -> trace_ir::Trace {
         remap.push(id);
     }
     let uses = out.use_counts();
-    out.outputs = (0..out.len()).filter(|&i| uses[i] == 0 && !matches!(out.nodes[i].op, Op::Parameter { .. })).collect();
+    out.outputs = (0..out.len())
+        .filter(|&i| uses[i] == 0 && !matches!(out.nodes[i].op, Op::Parameter { .. }))
+        .collect();
     if out.outputs.is_empty() {
         out.outputs.push(out.len() - 1);
     }

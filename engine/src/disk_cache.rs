@@ -44,7 +44,13 @@ impl DiskCache {
     pub fn open(dir: impl Into<PathBuf>, budget_bytes: u64) -> std::io::Result<DiskCache> {
         let dir = dir.into();
         fs::create_dir_all(&dir)?;
-        Ok(DiskCache { dir, budget_bytes, hits: AtomicU64::new(0), misses: AtomicU64::new(0), rejected: AtomicU64::new(0) })
+        Ok(DiskCache {
+            dir,
+            budget_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -75,7 +81,10 @@ impl DiskCache {
             Ok(payload) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 // Refresh the entry for LRU eviction; failing to is harmless.
-                let _ = fs::File::options().append(true).open(&path).and_then(|f| f.set_modified(SystemTime::now()));
+                let _ = fs::File::options()
+                    .append(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(SystemTime::now()));
                 Some(payload.to_vec())
             }
             Err(why) => {
@@ -96,7 +105,9 @@ impl DiskCache {
             ".{}.{}.{}.tmp",
             path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
             std::process::id(),
-            stable_hash64(format!("{:?}{:?}", std::thread::current().id(), SystemTime::now()).as_bytes())
+            stable_hash64(
+                format!("{:?}{:?}", std::thread::current().id(), SystemTime::now()).as_bytes()
+            )
         ));
         let written = fs::File::create(&tmp).and_then(|mut f| {
             f.write_all(&encode(key, payload))?;
@@ -150,8 +161,14 @@ fn decode<'a>(bytes: &'a [u8], key: &[u8]) -> Result<&'a [u8], &'static str> {
     if lines.next() != Some(MAGIC.as_bytes()) {
         return Err("not a deferfuse cache entry of this format");
     }
-    let checksum = lines.next().and_then(|l| std::str::from_utf8(l).ok()).and_then(|l| u64::from_str_radix(l, 16).ok());
-    let key_len = lines.next().and_then(|l| std::str::from_utf8(l).ok()).and_then(|l| l.parse::<usize>().ok());
+    let checksum = lines
+        .next()
+        .and_then(|l| std::str::from_utf8(l).ok())
+        .and_then(|l| u64::from_str_radix(l, 16).ok());
+    let key_len = lines
+        .next()
+        .and_then(|l| std::str::from_utf8(l).ok())
+        .and_then(|l| l.parse::<usize>().ok());
     let (Some(checksum), Some(key_len), Some(body)) = (checksum, key_len, lines.next()) else {
         return Err("truncated header");
     };
@@ -169,7 +186,8 @@ mod tests {
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("deferfuse-disk-cache-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir()
+            .join(format!("deferfuse-disk-cache-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
     }
@@ -218,7 +236,8 @@ mod tests {
             cache.put(&[i], &payload);
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let total: u64 = fs::read_dir(cache.dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        let total: u64 =
+            fs::read_dir(cache.dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
         assert!(total <= 3000, "total {total}");
         assert!(cache.get(&[5]).is_some());
         assert!(cache.get(&[0]).is_none());

@@ -35,7 +35,11 @@ fn fmt_value(v: f64, is_float: bool, is_bool: bool) -> String {
     if v.is_nan() {
         "nan".into()
     } else if v.is_infinite() {
-        if v > 0.0 { "inf".into() } else { "-inf".into() }
+        if v > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
     } else if v == v.trunc() && v.abs() < 1e8 {
         format!("{v:.0}.")
     } else if v.abs() >= 1e-4 && v.abs() < 1e8 {
@@ -45,7 +49,14 @@ fn fmt_value(v: f64, is_float: bool, is_bool: bool) -> String {
     }
 }
 
-fn write_nested(out: &mut String, shape: &[usize], values: &[f64], is_float: bool, is_bool: bool, indent: usize) {
+fn write_nested(
+    out: &mut String,
+    shape: &[usize],
+    values: &[f64],
+    is_float: bool,
+    is_bool: bool,
+    indent: usize,
+) {
     let Some((&n, rest)) = shape.split_first() else {
         out.push_str(&fmt_value(values[0], is_float, is_bool));
         return;
@@ -68,7 +79,14 @@ fn write_nested(out: &mut String, shape: &[usize], values: &[f64], is_float: boo
             }
         }
         match item {
-            Some(i) => write_nested(out, rest, &values[i * inner..(i + 1) * inner], is_float, is_bool, indent + 1),
+            Some(i) => write_nested(
+                out,
+                rest,
+                &values[i * inner..(i + 1) * inner],
+                is_float,
+                is_bool,
+                indent + 1,
+            ),
             None => out.push_str("..."),
         }
     }

@@ -236,15 +236,24 @@ impl CacheOutcome {
             _ => TierOutcome::Hit,
         };
         let t3 = (after.tier3.hits - before.tier3.hits, after.tier3.misses - before.tier3.misses);
-        let tier3 =
-            if after.tier3.rejected > before.tier3.rejected { TierOutcome::Rejected } else { outcome(t3.0, t3.1) };
+        let tier3 = if after.tier3.rejected > before.tier3.rejected {
+            TierOutcome::Rejected
+        } else {
+            outcome(t3.0, t3.1)
+        };
         let tier1 = match after.resized > before.resized {
             true => TierOutcome::Resized,
-            false => outcome(after.tier1.hits - before.tier1.hits, after.tier1.misses - before.tier1.misses),
+            false => outcome(
+                after.tier1.hits - before.tier1.hits,
+                after.tier1.misses - before.tier1.misses,
+            ),
         };
         CacheOutcome {
             tier1,
-            tier2: outcome(after.tier2.hits - before.tier2.hits, after.tier2.misses - before.tier2.misses),
+            tier2: outcome(
+                after.tier2.hits - before.tier2.hits,
+                after.tier2.misses - before.tier2.misses,
+            ),
             tier3,
         }
     }
@@ -346,8 +355,10 @@ impl FlushDump {
             std::io::ErrorKind::NotFound => DumpError::Missing { path: path.into() },
             _ => DumpError::Unreadable { path: path.into(), error },
         })?;
-        let text = std::str::from_utf8(&bytes)
-            .map_err(|e| DumpError::Corrupt { path: path.into(), detail: format!("not UTF-8 text: {e}") })?;
+        let text = std::str::from_utf8(&bytes).map_err(|e| DumpError::Corrupt {
+            path: path.into(),
+            detail: format!("not UTF-8 text: {e}"),
+        })?;
         FlushDump::from_json(text).map_err(|e| e.at(path))
     }
 
@@ -370,14 +381,18 @@ impl FlushDump {
                 return Err(DumpError::NewerVersion { path, found: v.min(u32::MAX as u64) as u32 })
             }
             other => {
-                return Err(DumpError::Corrupt { path, detail: format!("version {other:?} is not a positive integer") })
+                return Err(DumpError::Corrupt {
+                    path,
+                    detail: format!("version {other:?} is not a positive integer"),
+                })
             }
         }
         let mut dump: FlushDump = serde_json::from_value(value).map_err(json_error)?;
         dump.check().map_err(|detail| DumpError::Inconsistent { path: PathBuf::new(), detail })?;
         if dump.shape_class.is_empty() {
             // A version-1 dump: the class follows from the recorded trace.
-            dump.shape_class = format!("{:016x}", ShapeClass::of(&dump.recorded).signature.stable_hash());
+            dump.shape_class =
+                format!("{:016x}", ShapeClass::of(&dump.recorded).signature.stable_hash());
         }
         Ok(dump)
     }
@@ -392,7 +407,8 @@ impl FlushDump {
         if !meta.is_dir() {
             return Ok(vec![path.into()]);
         }
-        let entries = std::fs::read_dir(path).map_err(|error| DumpError::Unreadable { path: path.into(), error })?;
+        let entries = std::fs::read_dir(path)
+            .map_err(|error| DumpError::Unreadable { path: path.into(), error })?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
@@ -408,29 +424,49 @@ impl FlushDump {
     fn check(&self) -> Result<(), String> {
         self.recorded.validate().map_err(|e| format!("recorded trace: {e}"))?;
         if self.call_sites.len() != self.recorded.len() {
-            return Err(format!("{} call sites for {} recorded nodes", self.call_sites.len(), self.recorded.len()));
+            return Err(format!(
+                "{} call sites for {} recorded nodes",
+                self.call_sites.len(),
+                self.recorded.len()
+            ));
         }
         let values = self.program.values.len();
         if let Some(graph) = &self.graph {
             graph.validate().map_err(|e| format!("graph: {e}"))?;
             if graph.len() != values {
-                return Err(format!("the graph has {} nodes but the program {values} values", graph.len()));
+                return Err(format!(
+                    "the graph has {} nodes but the program {values} values",
+                    graph.len()
+                ));
             }
             if graph.nodes.iter().zip(&self.program.values).any(|(n, m)| &n.meta != m) {
                 return Err("the program's value metas differ from the graph's".into());
             }
             if self.origins.len() != graph.len() {
-                return Err(format!("{} origins for {} graph nodes", self.origins.len(), graph.len()));
+                return Err(format!(
+                    "{} origins for {} graph nodes",
+                    self.origins.len(),
+                    graph.len()
+                ));
             }
         } else if !self.origins.is_empty() {
             return Err("origins without a graph".into());
         }
         if let Some(bad) = self.origins.iter().flatten().find(|&&o| o >= self.recorded.len()) {
-            return Err(format!("origin {bad} is not a recorded node ({} nodes)", self.recorded.len()));
+            return Err(format!(
+                "origin {bad} is not a recorded node ({} nodes)",
+                self.recorded.len()
+            ));
         }
-        fn in_range<'a>(what: &str, values: usize, mut ids: impl Iterator<Item = &'a NodeId>) -> Result<(), String> {
+        fn in_range<'a>(
+            what: &str,
+            values: usize,
+            mut ids: impl Iterator<Item = &'a NodeId>,
+        ) -> Result<(), String> {
             match ids.find(|&&v| v >= values) {
-                Some(bad) => Err(format!("{what} refers to value {bad}, but the program has {values}")),
+                Some(bad) => {
+                    Err(format!("{what} refers to value {bad}, but the program has {values}"))
+                }
                 None => Ok(()),
             }
         }
@@ -446,7 +482,10 @@ impl FlushDump {
         for m in &self.materialized {
             in_range("a materialized buffer", values, std::iter::once(&m.value))?;
             if m.producer.iter().chain(&m.consumers).any(|&k| k >= kernels) {
-                return Err(format!("materialized value {} names a kernel beyond the {kernels} kernels", m.value));
+                return Err(format!(
+                    "materialized value {} names a kernel beyond the {kernels} kernels",
+                    m.value
+                ));
             }
         }
         Ok(())
@@ -457,11 +496,18 @@ impl FlushDump {
         match op {
             Op::Parameter { index, .. } => format!("param {index}"),
             Op::Reduce { axes, keepdim, .. } => {
-                format!("{} {:?}{}", op.name(), axes.as_slice(), if *keepdim { " keep" } else { "" })
+                format!(
+                    "{} {:?}{}",
+                    op.name(),
+                    axes.as_slice(),
+                    if *keepdim { " keep" } else { "" }
+                )
             }
             Op::Permute { perm } => format!("permute {:?}", perm.as_slice()),
             Op::Full { value, .. } => format!("full {value}"),
-            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => format!("{} {axis}", op.name()),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
+                format!("{} {axis}", op.name())
+            }
             _ => op.name().to_string(),
         }
     }
@@ -561,7 +607,10 @@ pub fn first_difference(a: &Trace, b: &Trace) -> Option<Difference> {
     for (id, (x, y)) in a.nodes.iter().zip(&b.nodes).enumerate() {
         let what = format!("node {id} ({})", FlushDump::op_label(&x.op));
         if x.op.name() != y.op.name() {
-            return Some(Difference::at(id, format!("{what}: op {} vs {}", x.op.name(), y.op.name())));
+            return Some(Difference::at(
+                id,
+                format!("{what}: op {} vs {}", x.op.name(), y.op.name()),
+            ));
         }
         if x.meta.shape != y.meta.shape {
             return Some(Difference::at(
@@ -570,7 +619,10 @@ pub fn first_difference(a: &Trace, b: &Trace) -> Option<Difference> {
             ));
         }
         if x.meta.dtype != y.meta.dtype {
-            return Some(Difference::at(id, format!("{what}: dtype {} vs {}", x.meta.dtype, y.meta.dtype)));
+            return Some(Difference::at(
+                id,
+                format!("{what}: dtype {} vs {}", x.meta.dtype, y.meta.dtype),
+            ));
         }
         if x.inputs != y.inputs {
             return Some(Difference::at(
@@ -606,7 +658,10 @@ fn tail_difference(a: &Trace, b: &Trace) -> Option<Difference> {
         ));
     }
     if a.outputs != b.outputs {
-        return Some(Difference { node: None, what: format!("outputs {:?} vs {:?}", a.outputs, b.outputs) });
+        return Some(Difference {
+            node: None,
+            what: format!("outputs {:?} vs {:?}", a.outputs, b.outputs),
+        });
     }
     None
 }
@@ -654,7 +709,8 @@ pub fn compare(a: &Trace, b: &Trace) -> Comparison {
     let mut first_size: Option<SizeDifference> = None;
     for (id, (x, y)) in a.nodes.iter().zip(&b.nodes).enumerate() {
         let what = format!("node {id} ({})", FlushDump::op_label(&x.op));
-        let differ = |detail: String| Comparison::Different(Difference::at(id, format!("{what}: {detail}")));
+        let differ =
+            |detail: String| Comparison::Different(Difference::at(id, format!("{what}: {detail}")));
         if x.op.name() != y.op.name() {
             return differ(format!("op {} vs {}", x.op.name(), y.op.name()));
         }
@@ -685,7 +741,9 @@ pub fn compare(a: &Trace, b: &Trace) -> Comparison {
                             sb.describe(v, at)
                         ),
                     };
-                    return differ(format!("{field} {p:?} vs {q:?}: dimension {dim} is {m} vs {n}; {why}"));
+                    return differ(format!(
+                        "{field} {p:?} vs {q:?}: dimension {dim} is {m} vs {n}; {why}"
+                    ));
                 }
                 if m != n && first_size.is_none() {
                     let sizes = shape_difference(p, q);
@@ -706,10 +764,16 @@ pub fn compare(a: &Trace, b: &Trace) -> Comparison {
             return differ(format!("dtype {} vs {}", x.meta.dtype, y.meta.dtype));
         }
         if x.inputs != y.inputs {
-            return differ(format!("inputs {:?} vs {:?}", x.inputs.as_slice(), y.inputs.as_slice()));
+            return differ(format!(
+                "inputs {:?} vs {:?}",
+                x.inputs.as_slice(),
+                y.inputs.as_slice()
+            ));
         }
         // The other attributes, compared in the signature's own encoding (JSON).
-        if let (Some(p), Some(q), Some((ep, eq))) = (ox.shape_attr_mut(), oy.shape_attr_mut(), symbolized.get(1)) {
+        if let (Some(p), Some(q), Some((ep, eq))) =
+            (ox.shape_attr_mut(), oy.shape_attr_mut(), symbolized.get(1))
+        {
             (*p, *q) = (ep.clone(), eq.clone());
         }
         let json = |op: &Op| serde_json::to_string(op).unwrap_or_default();
@@ -768,7 +832,9 @@ impl Symbols {
     fn describe(&self, size: Size, at: (NodeId, &'static str, usize)) -> String {
         match size {
             Size::Literal(d) => format!("the literal size {d}"),
-            Size::Symbol(k) if self.first_seen[k] == at => format!("a size of its own ({})", self.sizes[k]),
+            Size::Symbol(k) if self.first_seen[k] == at => {
+                format!("a size of its own ({})", self.sizes[k])
+            }
             Size::Symbol(k) => {
                 let (node, field, dim) = self.first_seen[k];
                 format!("the size of node {node}'s {field} dimension {dim} ({})", self.sizes[k])
@@ -781,8 +847,10 @@ fn shape_difference(a: &[usize], b: &[usize]) -> String {
     if a.len() != b.len() {
         return format!("{a:?} vs {b:?} (rank {} vs {})", a.len(), b.len());
     }
-    let dims: Vec<String> =
-        (0..a.len()).filter(|&d| a[d] != b[d]).map(|d| format!("dimension {d}: {} vs {}", a[d], b[d])).collect();
+    let dims: Vec<String> = (0..a.len())
+        .filter(|&d| a[d] != b[d])
+        .map(|d| format!("dimension {d}: {} vs {}", a[d], b[d]))
+        .collect();
     format!("{a:?} vs {b:?} ({})", dims.join(", "))
 }
 
@@ -829,7 +897,11 @@ pub(crate) struct FlushFacts<'a> {
 
 impl Dumps {
     pub fn new(dir: &Path, rewrite_limits: &RewriteConfig) -> Dumps {
-        Dumps { dir: dir.into(), rewrite_limits: rewrite_limits.clone(), graphs: Mutex::new(AHashMap::new()) }
+        Dumps {
+            dir: dir.into(),
+            rewrite_limits: rewrite_limits.clone(),
+            graphs: Mutex::new(AHashMap::new()),
+        }
     }
 
     pub fn start(&self, cache_before: CacheStats) -> Probe {
@@ -871,7 +943,11 @@ impl Dumps {
         let from = resized_from?;
         let template = graphs.get(from)?;
         let trace = resized_trace(&template.trace, from.size_map(class))?;
-        Some(Arc::new(Extracted { trace, origins: template.origins.clone(), rewrite: template.rewrite.clone() }))
+        Some(Arc::new(Extracted {
+            trace,
+            origins: template.origins.clone(),
+            rewrite: template.rewrite.clone(),
+        }))
     }
 
     fn dump(&self, probe: Probe, facts: FlushFacts<'_>, process: u32, sequence: u64) -> FlushDump {
@@ -881,11 +957,18 @@ impl Dumps {
         let graph = self.graph(&class, facts.prepared_graph, facts.resized_from);
         let (graph, origins, rewrite) = match (graph, facts.fused) {
             (Some(x), true) => {
-                let rewrite = x.rewrite.as_ref().map(|r| RewriteDump::new(r, &self.rewrite_limits, facts.rewrote));
+                let rewrite = x
+                    .rewrite
+                    .as_ref()
+                    .map(|r| RewriteDump::new(r, &self.rewrite_limits, facts.rewrote));
                 (Some(x.trace.clone()), x.origins.clone(), rewrite)
             }
             // Unfused programs run the recorded trace itself.
-            (_, false) => (Some(facts.recorded.clone()), (0..facts.recorded.len()).map(|n| vec![n]).collect(), None),
+            (_, false) => (
+                Some(facts.recorded.clone()),
+                (0..facts.recorded.len()).map(|n| vec![n]).collect(),
+                None,
+            ),
             (None, true) => (None, Vec::new(), None),
         };
         let materialized = materialized(&program);

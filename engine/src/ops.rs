@@ -5,8 +5,8 @@
 
 use trace_ir::shape::{broadcast_shapes, normalize_axis};
 use trace_ir::{
-    result_type, ArgReduceOp, Axes, BinaryOp, Category, DType, Distribution, Error, Meta, Op, Operand, ReduceOp,
-    Result, Shape, UnaryOp,
+    result_type, ArgReduceOp, Axes, BinaryOp, Category, DType, Distribution, Error, Meta, Op,
+    Operand, ReduceOp, Result, Shape, UnaryOp,
 };
 
 use crate::{Context, Tensor};
@@ -104,12 +104,15 @@ impl ScalarOrTensor {
     fn to_tensor(&self, ctx: &Context, dtype: DType) -> Result<Tensor> {
         match self {
             ScalarOrTensor::Tensor(t) => t.to_dtype(dtype),
-            ScalarOrTensor::Scalar(s) if ctx.mode() == crate::Mode::DeferAndFuse && is_rewrite_literal(s.as_f64()) => {
+            ScalarOrTensor::Scalar(s)
+                if ctx.mode() == crate::Mode::DeferAndFuse && is_rewrite_literal(s.as_f64()) =>
+            {
                 ctx.full(s.as_f64(), &[], dtype)
             }
-            ScalarOrTensor::Scalar(s) => {
-                ctx.from_host(Meta::new(Shape::new(), dtype), runtime::HostData::filled(dtype, s.as_f64(), 1))
-            }
+            ScalarOrTensor::Scalar(s) => ctx.from_host(
+                Meta::new(Shape::new(), dtype),
+                runtime::HostData::filled(dtype, s.as_f64(), 1),
+            ),
         }
     }
 }
@@ -157,13 +160,19 @@ impl Context {
     /// Uniform values on [0, 1), a pure function of `seed`.
     #[track_caller]
     pub fn rand(&self, shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
-        self.record(Op::Random { seed, dist: Distribution::Uniform, shape: shape.into(), dtype }, &[])
+        self.record(
+            Op::Random { seed, dist: Distribution::Uniform, shape: shape.into(), dtype },
+            &[],
+        )
     }
 
     /// Standard normal values, a pure function of `seed`.
     #[track_caller]
     pub fn randn(&self, shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
-        self.record(Op::Random { seed, dist: Distribution::Normal, shape: shape.into(), dtype }, &[])
+        self.record(
+            Op::Random { seed, dist: Distribution::Normal, shape: shape.into(), dtype },
+            &[],
+        )
     }
 }
 
@@ -250,7 +259,11 @@ impl Tensor {
             _ => common,
         };
         if compute == DType::Bool && !kind.returns_bool() {
-            return Err(Error::dtype(name, "arithmetic on bool tensors is not supported", &[self.dtype(), common]));
+            return Err(Error::dtype(
+                name,
+                "arithmetic on bool tensors is not supported",
+                &[self.dtype(), common],
+            ));
         }
         let ctx = self.ctx();
         let a = self.to_dtype(compute)?;
@@ -267,7 +280,11 @@ impl Tensor {
     /// `self ? on_true : on_false`, elementwise with broadcasting; `self` is
     /// the condition (cast to bool if it is not).
     #[track_caller]
-    pub fn where_cond(&self, on_true: impl Into<ScalarOrTensor>, on_false: impl Into<ScalarOrTensor>) -> Result<Tensor> {
+    pub fn where_cond(
+        &self,
+        on_true: impl Into<ScalarOrTensor>,
+        on_false: impl Into<ScalarOrTensor>,
+    ) -> Result<Tensor> {
         let (t, f) = (on_true.into(), on_false.into());
         let s = broadcast_shapes("where", self.shape(), t.shape())?;
         broadcast_shapes("where", &s, f.shape())?;
@@ -299,9 +316,15 @@ impl Tensor {
         let axes = self.axes(kind.name(), axes)?;
         let x = match kind {
             // PyTorch sums and multiplies integers and bools in i64.
-            ReduceOp::Sum | ReduceOp::Prod if !self.dtype().is_float() => self.to_dtype(DType::I64)?,
+            ReduceOp::Sum | ReduceOp::Prod if !self.dtype().is_float() => {
+                self.to_dtype(DType::I64)?
+            }
             ReduceOp::Mean if !self.dtype().is_float() => {
-                return Err(Error::dtype("mean", "needs a floating input; cast it first", &[self.dtype()]))
+                return Err(Error::dtype(
+                    "mean",
+                    "needs a floating input; cast it first",
+                    &[self.dtype()],
+                ))
             }
             _ => self.clone(),
         };
@@ -388,7 +411,10 @@ impl Tensor {
         if self.rank() == 0 {
             return Ok(self.clone());
         }
-        let (a, b) = (normalize_axis("transpose", a, self.rank())?, normalize_axis("transpose", b, self.rank())?);
+        let (a, b) = (
+            normalize_axis("transpose", a, self.rank())?,
+            normalize_axis("transpose", b, self.rank())?,
+        );
         let mut perm: Vec<usize> = (0..self.rank()).collect();
         perm.swap(a, b);
         self.permute(&perm)
@@ -416,7 +442,11 @@ impl Tensor {
     #[track_caller]
     pub fn slice(&self, axis: i64, start: i64, stop: i64, step: usize) -> Result<Tensor> {
         if self.rank() == 0 {
-            return Err(Error::shape("slice", "cannot slice a zero-dimensional tensor", &[&self.meta().shape]));
+            return Err(Error::shape(
+                "slice",
+                "cannot slice a zero-dimensional tensor",
+                &[&self.meta().shape],
+            ));
         }
         let axis = normalize_axis("slice", axis, self.rank())?;
         if step == 0 {
@@ -436,7 +466,8 @@ impl Tensor {
             return Err(Error::attr("cat", "needs at least one tensor"));
         };
         let axis = normalize_axis("cat", axis, first.rank())?;
-        let dtype = result_type(&tensors.iter().map(|t| Operand::Tensor(t.dtype())).collect::<Vec<_>>());
+        let dtype =
+            result_type(&tensors.iter().map(|t| Operand::Tensor(t.dtype())).collect::<Vec<_>>());
         // A loop, not a closure: a closure would end the `#[track_caller]` chain here.
         let mut cast = Vec::with_capacity(tensors.len());
         for t in tensors {
@@ -454,13 +485,21 @@ impl Tensor {
     #[track_caller]
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         if self.rank() == 0 || rhs.rank() == 0 {
-            return Err(Error::shape("matmul", "operands must have at least one dimension", &[&self.meta().shape, &rhs.meta().shape]));
+            return Err(Error::shape(
+                "matmul",
+                "operands must have at least one dimension",
+                &[&self.meta().shape, &rhs.meta().shape],
+            ));
         }
         let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
         let b = if rhs.rank() == 1 { rhs.unsqueeze(-1)? } else { rhs.clone() };
         let out = self.ctx().record(Op::MatMul, &[&a, &b]).map_err(|e| match e {
             // Name the user's shapes, not the promoted ones.
-            Error::Shape { msg, .. } => Error::Shape { op: "matmul".into(), msg, shapes: vec![self.meta().shape.clone(), rhs.meta().shape.clone()] },
+            Error::Shape { msg, .. } => Error::Shape {
+                op: "matmul".into(),
+                msg,
+                shapes: vec![self.meta().shape.clone(), rhs.meta().shape.clone()],
+            },
             other => other,
         })?;
         let mut shape = out.shape().to_vec();
@@ -475,7 +514,11 @@ impl Tensor {
 
     #[track_caller]
     fn float(&self) -> Result<Tensor> {
-        if self.dtype().is_float() { Ok(self.clone()) } else { self.to_dtype(DType::F32) }
+        if self.dtype().is_float() {
+            Ok(self.clone())
+        } else {
+            self.to_dtype(DType::F32)
+        }
     }
 
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
@@ -498,7 +541,11 @@ impl Tensor {
     fn trailing_axes(&self, op: &str, normalized_shape: &[usize]) -> Result<Vec<i64>> {
         let n = normalized_shape.len();
         if n == 0 || n > self.rank() || self.shape()[self.rank() - n..] != *normalized_shape {
-            return Err(Error::shape(op, "normalized_shape must match the trailing dimensions", &[&self.meta().shape, &normalized_shape.into()]));
+            return Err(Error::shape(
+                op,
+                "normalized_shape must match the trailing dimensions",
+                &[&self.meta().shape, &normalized_shape.into()],
+            ));
         }
         Ok((-(n as i64)..0).collect())
     }
@@ -506,7 +553,13 @@ impl Tensor {
     /// LayerNorm over the trailing `normalized_shape` dimensions (biased
     /// variance, as PyTorch), with optional elementwise affine parameters.
     #[track_caller]
-    pub fn layer_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    pub fn layer_norm(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
         let axes = self.trailing_axes("layer_norm", normalized_shape)?;
         let x = self.float()?;
         let centered = x.sub(&x.mean(&axes, true)?)?;
@@ -523,7 +576,12 @@ impl Tensor {
 
     /// RMSNorm over the trailing `normalized_shape` dimensions.
     #[track_caller]
-    pub fn rms_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    pub fn rms_norm(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
         let axes = self.trailing_axes("rms_norm", normalized_shape)?;
         let x = self.float()?;
         let y = x.mul(&x.mul(&x)?.mean(&axes, true)?.add(eps)?.rsqrt()?)?;

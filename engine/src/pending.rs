@@ -37,7 +37,14 @@ pub(crate) struct FlushPlan {
 
 impl PendingTrace {
     pub fn new(epoch: u64) -> Self {
-        PendingTrace { epoch, trace: Trace::new(), params: Vec::new(), param_nodes: AHashMap::new(), owners: Vec::new(), call_sites: Vec::new() }
+        PendingTrace {
+            epoch,
+            trace: Trace::new(),
+            params: Vec::new(),
+            param_nodes: AHashMap::new(),
+            owners: Vec::new(),
+            call_sites: Vec::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -61,9 +68,10 @@ impl PendingTrace {
                 Ok(node)
             }
             Cell::Failed(e) => Err(Error::Poisoned(Box::new(e.clone()))),
-            Cell::Deferred { .. } | Cell::Queued => {
-                Err(Error::backend("engine", "internal: tensor from another flush or mode used in DeferAndFuse"))
-            }
+            Cell::Deferred { .. } | Cell::Queued => Err(Error::backend(
+                "engine",
+                "internal: tensor from another flush or mode used in DeferAndFuse",
+            )),
         }
     }
 

@@ -166,7 +166,12 @@ fn elapsed_ns(start: Instant) -> u64 {
 }
 
 impl Pipeline {
-    pub fn new(backend: Arc<dyn Backend>, rewrite: RewriteConfig, plan: PlanConfig, disk: Option<DiskCache>) -> Self {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        rewrite: RewriteConfig,
+        plan: PlanConfig,
+        disk: Option<DiskCache>,
+    ) -> Self {
         Pipeline {
             backend,
             rewrite,
@@ -192,7 +197,10 @@ impl Pipeline {
 
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
-        let tier = |p: &[AtomicU64; 2]| TierStats { hits: p[0].load(Ordering::Relaxed), misses: p[1].load(Ordering::Relaxed) };
+        let tier = |p: &[AtomicU64; 2]| TierStats {
+            hits: p[0].load(Ordering::Relaxed),
+            misses: p[1].load(Ordering::Relaxed),
+        };
         CacheStats {
             tier1: tier(&c.tier1),
             resized: c.resized.load(Ordering::Relaxed),
@@ -205,7 +213,11 @@ impl Pipeline {
     }
 
     /// The executable for `trace`, and the program it runs.
-    pub fn executable(&self, trace: &Trace, how: Preparation) -> Result<(Arc<dyn Executable>, Prepared)> {
+    pub fn executable(
+        &self,
+        trace: &Trace,
+        how: Preparation,
+    ) -> Result<(Arc<dyn Executable>, Prepared)> {
         let class = ShapeClass::of(trace);
         let key = (how, class.signature.clone());
         if let Some(entry) = self.programs.lock().unwrap().get_mut(&key) {
@@ -224,8 +236,11 @@ impl Pipeline {
         count(&self.counters.tier1, false);
         let prepared = self.program(trace, how, &Signature::of(trace))?;
         let executable = self.compile(&prepared.program)?;
-        let instance =
-            Instance { program: prepared.program.clone(), executable: executable.clone(), resized_from: None };
+        let instance = Instance {
+            program: prepared.program.clone(),
+            executable: executable.clone(),
+            resized_from: None,
+        };
         let mut programs = self.programs.lock().unwrap();
         match programs.get_mut(&key) {
             Some(entry) => entry.insert(class.sizes, instance),
@@ -254,11 +269,17 @@ impl Pipeline {
 
     /// Tier 3, then rewriting and planning.
     fn program(&self, trace: &Trace, how: Preparation, signature: &Signature) -> Result<Prepared> {
-        let disk_key = self.disk.as_ref().filter(|_| how == Preparation::Fused).map(|_| self.disk_key(signature));
+        let disk_key = self
+            .disk
+            .as_ref()
+            .filter(|_| how == Preparation::Fused)
+            .map(|_| self.disk_key(signature));
         let from_disk = disk_key.as_ref().and_then(|k| {
             let bytes = self.disk.as_ref()?.get(k)?;
             let text = std::str::from_utf8(&bytes).ok()?;
-            Program::from_json(text).map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache")).ok()
+            Program::from_json(text)
+                .map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache"))
+                .ok()
         });
         if let Some(program) = from_disk {
             return Ok(Prepared { program: Arc::new(program), rewrite: None, resized_from: None });
@@ -272,7 +293,11 @@ impl Pipeline {
 
     fn prepare(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {
         if how == Preparation::Unfused {
-            return Ok(Prepared { program: Arc::new(Program::unfused(trace)), rewrite: None, resized_from: None });
+            return Ok(Prepared {
+                program: Arc::new(Program::unfused(trace)),
+                rewrite: None,
+                resized_from: None,
+            });
         }
         let start = Instant::now();
         let (optimized, report, origins) = match optimize(trace, &self.rewrite) {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use runtime::Backend;
 use trace_ir::{Error, Result};
 
-use crate::pipeline::{Pipeline, Preparation};
 use crate::context::single_op_trace;
+use crate::pipeline::{Pipeline, Preparation};
 use crate::tensor::TensorInner;
 use trace_ir::Op;
 
@@ -41,7 +41,9 @@ impl Stream {
                     }
                 }
             })
-            .map_err(|e| Error::backend("stream", format!("cannot start the stream thread: {e}")))?;
+            .map_err(|e| {
+                Error::backend("stream", format!("cannot start the stream thread: {e}"))
+            })?;
         Ok(Stream { sender })
     }
 

@@ -12,7 +12,10 @@ use crate::element::Element;
 /// Where a tensor's value is.
 pub(crate) enum Cell {
     /// A node of the pending trace of the given epoch (DeferAndFuse).
-    Deferred { node: NodeId, epoch: u64 },
+    Deferred {
+        node: NodeId,
+        epoch: u64,
+    },
     /// Submitted to the Strict stream, not run yet.
     Queued,
     Ready(Arc<Buffer>),
@@ -51,7 +54,10 @@ impl TensorInner {
                 Cell::Failed(e) => return Err(Error::Poisoned(Box::new(e.clone()))),
                 Cell::Queued => cell = self.ready.wait(cell).unwrap(),
                 Cell::Deferred { .. } => {
-                    return Err(Error::backend("engine", "internal: a deferred value was read before its flush"))
+                    return Err(Error::backend(
+                        "engine",
+                        "internal: a deferred value was read before its flush",
+                    ))
                 }
             }
         }
@@ -104,7 +110,11 @@ impl Tensor {
     /// The single element of a one-element tensor.
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.numel() != 1 {
-            return Err(Error::shape("item", "needs a tensor with exactly one element", &[&self.0.meta.shape]));
+            return Err(Error::shape(
+                "item",
+                "needs a tensor with exactly one element",
+                &[&self.0.meta.shape],
+            ));
         }
         Ok(self.to_vec::<T>()?[0])
     }

@@ -16,7 +16,8 @@ fn fused(cache_dir: Option<PathBuf>) -> Context {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("deferfuse-cache-test-{name}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("deferfuse-cache-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
@@ -149,7 +150,10 @@ fn two_processes_fill_one_cache_directory() {
 /// A block with a matmul epilogue, a row reduction and a reshape, at batch
 /// size `batch`, on inputs made from `batch`.
 fn sized_block(ctx: &Context, w: &Tensor, batch: usize) -> Result<Vec<f32>> {
-    let x = ctx.from_vec((0..batch * 32).map(|i| ((i * 7) % 23) as f32 * 0.1 - 1.0).collect(), &[batch, 32])?;
+    let x = ctx.from_vec(
+        (0..batch * 32).map(|i| ((i * 7) % 23) as f32 * 0.1 - 1.0).collect(),
+        &[batch, 32],
+    )?;
     let h = x.matmul(&w.t()?)?.add(0.25)?.tanh()?;
     let s = h.softmax(-1)?.mul(&h)?;
     s.reshape(&[batch, 8, 8])?.sum(&[-1], false)?.to_vec::<f32>()
@@ -158,7 +162,8 @@ fn sized_block(ctx: &Context, w: &Tensor, batch: usize) -> Result<Vec<f32>> {
 #[test]
 fn a_new_batch_size_compiles_nothing_on_the_native_backend() {
     let ctx = fused(None);
-    let reference = Context::new(Config { mode: Mode::Strict, fusion: false, ..Config::default() }).unwrap();
+    let reference =
+        Context::new(Config { mode: Mode::Strict, fusion: false, ..Config::default() }).unwrap();
     let w = ctx.randn(&[64, 32], DType::F32, 3).unwrap();
     let w_ref = reference.from_vec(w.to_vec::<f32>().unwrap(), &[64, 32]).unwrap();
     sized_block(&ctx, &w, 6).unwrap();
@@ -169,12 +174,18 @@ fn a_new_batch_size_compiles_nothing_on_the_native_backend() {
         assert_eq!(got.len(), batch * 8);
         let tol = deferfuse::differential::tolerance(DType::F32);
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert!(deferfuse::differential::close(*g as f64, *e as f64, tol), "batch {batch}, element {i}: {g} vs {e}");
+            assert!(
+                deferfuse::differential::close(*g as f64, *e as f64, tol),
+                "batch {batch}, element {i}: {g} vs {e}"
+            );
         }
     }
     let stats = ctx.stats().cache;
     assert_eq!(stats.tier2.misses, planned.tier2.misses, "a new batch size compiled: {stats:?}");
-    assert_eq!((stats.rewrite_ns, stats.plan_ns, stats.compile_ns), (planned.rewrite_ns, planned.plan_ns, planned.compile_ns));
+    assert_eq!(
+        (stats.rewrite_ns, stats.plan_ns, stats.compile_ns),
+        (planned.rewrite_ns, planned.plan_ns, planned.compile_ns)
+    );
     assert_eq!(stats.resized, 2, "batch 24 and 40 are resized from batch 6, then found: {stats:?}");
 }
 
@@ -182,7 +193,10 @@ fn a_new_batch_size_compiles_nothing_on_the_native_backend() {
 /// matmuls read their operands through strided views.
 fn sized_attention(ctx: &Context, w: &Tensor, batch: usize) -> Result<Vec<f32>> {
     let (seq, width, heads) = (16, 32, 4);
-    let x = ctx.from_vec((0..batch * seq * width).map(|i| ((i * 5) % 19) as f32 * 0.1 - 0.9).collect(), &[batch, seq, width])?;
+    let x = ctx.from_vec(
+        (0..batch * seq * width).map(|i| ((i * 5) % 19) as f32 * 0.1 - 0.9).collect(),
+        &[batch, seq, width],
+    )?;
     let qkv = x.matmul(w)?;
     let head = |i: i64| -> Result<Tensor> {
         let part = qkv.slice(-1, i * width as i64, (i + 1) * width as i64, 1)?;
@@ -197,7 +211,8 @@ fn sized_attention(ctx: &Context, w: &Tensor, batch: usize) -> Result<Vec<f32>> 
 #[test]
 fn strided_views_resize_with_the_batch() {
     let ctx = fused(None);
-    let reference = Context::new(Config { mode: Mode::Strict, fusion: false, ..Config::default() }).unwrap();
+    let reference =
+        Context::new(Config { mode: Mode::Strict, fusion: false, ..Config::default() }).unwrap();
     let w = ctx.randn(&[32, 96], DType::F32, 4).unwrap();
     let w_ref = reference.from_vec(w.to_vec::<f32>().unwrap(), &[32, 96]).unwrap();
     sized_attention(&ctx, &w, 2).unwrap();
@@ -210,7 +225,10 @@ fn strided_views_resize_with_the_batch() {
         assert_eq!(got.len(), batch * 16 * 32);
         let tol = deferfuse::differential::tolerance(DType::F32);
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert!(deferfuse::differential::close(*g as f64, *e as f64, tol), "batch {batch}, element {i}: {g} vs {e}");
+            assert!(
+                deferfuse::differential::close(*g as f64, *e as f64, tol),
+                "batch {batch}, element {i}: {g} vs {e}"
+            );
         }
     }
     let stats = ctx.stats().cache;

@@ -9,13 +9,19 @@ fn bad_shapes_raise_at_the_call_in_every_mode() {
         let a = ctx.zeros(&[2, 3], DType::F32).unwrap();
         let b = ctx.zeros(&[4], DType::F32).unwrap();
         let err = a.add(&b).unwrap_err().to_string();
-        assert!(err.contains("add") && err.contains("[2, 3]") && err.contains("[4]"), "{mode}: {err}");
+        assert!(
+            err.contains("add") && err.contains("[2, 3]") && err.contains("[4]"),
+            "{mode}: {err}"
+        );
 
         let err = a.matmul(&a).unwrap_err().to_string();
         assert!(err.contains("matmul") && err.contains("[2, 3]"), "{mode}: {err}");
 
         let err = a.reshape(&[7]).unwrap_err().to_string();
-        assert!(err.contains("reshape") && err.contains("[2, 3]") && err.contains("[7]"), "{mode}: {err}");
+        assert!(
+            err.contains("reshape") && err.contains("[2, 3]") && err.contains("[7]"),
+            "{mode}: {err}"
+        );
 
         let err = a.sum(&[2], false).unwrap_err().to_string();
         assert!(err.contains("sum") && err.contains("axis 2"), "{mode}: {err}");
@@ -42,7 +48,10 @@ fn bad_dtypes_raise_at_the_call_in_every_mode() {
         let i = ctx.from_vec(vec![1i32, 2], &[2]).unwrap();
         let err = i.mean(&[0], false).unwrap_err();
         assert!(matches!(err, Error::DType { .. }), "{mode}: {err}");
-        assert!(err.to_string().contains("mean") && err.to_string().contains("i32"), "{mode}: {err}");
+        assert!(
+            err.to_string().contains("mean") && err.to_string().contains("i32"),
+            "{mode}: {err}"
+        );
         let err = i.matmul(&i.reshape(&[2, 1]).unwrap()).unwrap_err().to_string();
         assert!(err.contains("matmul") && err.contains("i32"), "{mode}: {err}");
         let flag = ctx.from_vec(vec![true, false], &[2]).unwrap();
@@ -60,17 +69,25 @@ fn bad_host_data_is_an_error() {
 
 #[test]
 fn bad_environment_values_list_the_valid_ones() {
-    let get = |value: &'static str| move |k: &str| (k == "TORCH_TPU_EAGER_MODE").then(|| value.to_string());
+    let get = |value: &'static str| {
+        move |k: &str| (k == "TORCH_TPU_EAGER_MODE").then(|| value.to_string())
+    };
     let err = Config::from_vars(get("lazy")).unwrap_err().to_string();
     assert!(err.contains("TORCH_TPU_EAGER_MODE") && err.contains("\"lazy\""), "{err}");
-    assert!(err.contains("strict") && err.contains("debug") && err.contains("defer_and_fuse"), "{err}");
+    assert!(
+        err.contains("strict") && err.contains("debug") && err.contains("defer_and_fuse"),
+        "{err}"
+    );
     assert_eq!(Config::from_vars(get("DEFER_AND_FUSE")).unwrap().mode, Mode::DeferAndFuse);
     assert_eq!(Config::from_vars(get("Debug")).unwrap().mode, Mode::Debug);
     assert_eq!(Config::from_vars(|_| None).unwrap().mode, Mode::Strict);
 
-    let err = Config::from_vars(|k| (k == "TORCH_TPU_MAX_PENDING_OPS").then(|| "0".to_string())).unwrap_err();
+    let err = Config::from_vars(|k| (k == "TORCH_TPU_MAX_PENDING_OPS").then(|| "0".to_string()))
+        .unwrap_err();
     assert!(err.to_string().contains("positive integer"), "{err}");
-    let err = Config::from_vars(|k| (k == "TORCH_TPU_DEBUG_CHECKS").then(|| "nan,zero".to_string())).unwrap_err();
+    let err =
+        Config::from_vars(|k| (k == "TORCH_TPU_DEBUG_CHECKS").then(|| "nan,zero".to_string()))
+            .unwrap_err();
     assert!(err.to_string().contains("nan, inf"), "{err}");
 }
 
@@ -90,7 +107,8 @@ fn debug_mode_names_the_op_and_first_bad_index() {
     assert!(err.contains("reciprocal") && err.contains("Inf") && err.contains("index 0"), "{err}");
 
     // The check can be turned off.
-    let config = Config { mode: Mode::Debug, debug_checks: "inf".parse().unwrap(), ..Config::default() };
+    let config =
+        Config { mode: Mode::Debug, debug_checks: "inf".parse().unwrap(), ..Config::default() };
     let ctx = Context::new(config).unwrap();
     let x = ctx.from_vec(vec![-1.0f32], &[1]).unwrap();
     assert!(x.log().unwrap().item::<f32>().unwrap().is_nan());

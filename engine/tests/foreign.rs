@@ -33,11 +33,6 @@ fn a_deferred_value_is_flushed_before_it_moves() -> deferfuse::Result<()> {
     let moved = x.to_context(&debug)?;
     let expected: Vec<f32> = vec![0.5f32.exp(), 1.5f32.exp()];
     let got = moved.to_vec::<f32>()?;
-    assert!(
-        got.iter()
-            .zip(&expected)
-            .all(|(a, b)| (a - b).abs() <= 1e-6 * b.abs()),
-        "{got:?}"
-    );
+    assert!(got.iter().zip(&expected).all(|(a, b)| (a - b).abs() <= 1e-6 * b.abs()), "{got:?}");
     Ok(())
 }

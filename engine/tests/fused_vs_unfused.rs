@@ -24,7 +24,8 @@ proptest! {
 
 #[test]
 fn fuzz_corpus_agrees() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fused_vs_unfused");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fused_vs_unfused");
     let mut count = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -78,7 +79,8 @@ fn long_rows_keep_row_values_read_after_their_reduction() {
     let n = 9000usize;
     let run = |mode| -> Vec<f32> {
         let ctx = Context::new(Config { mode, ..Config::default() }).unwrap();
-        let table = ctx.from_vec((0..n).map(|i| i as f32 / n as f32).collect::<Vec<f32>>(), &[n]).unwrap();
+        let table =
+            ctx.from_vec((0..n).map(|i| i as f32 / n as f32).collect::<Vec<f32>>(), &[n]).unwrap();
         let values = ctx.from_vec(vec![0.25f32, 0.75, 0.5], &[3]).unwrap();
         let mut lo = ctx.full(0.0, &[3], DType::F32).unwrap();
         let mut hi = ctx.full(n as f64, &[3], DType::F32).unwrap();
@@ -86,11 +88,22 @@ fn long_rows_keep_row_values_read_after_their_reduction() {
         for _ in 0..usize::BITS - n.leading_zeros() {
             let active = lo.lt(&hi).unwrap();
             let mid = lo.add(&hi).unwrap().mul(0.5).unwrap().floor().unwrap();
-            let picked = mid.reshape(&[3, 1]).unwrap().eq(&positions).unwrap().where_cond(&table, 0.0f32).unwrap();
+            let picked = mid
+                .reshape(&[3, 1])
+                .unwrap()
+                .eq(&positions)
+                .unwrap()
+                .where_cond(&table, 0.0f32)
+                .unwrap();
             let at_mid = picked.sum(&[-1], false).unwrap();
             let right = at_mid.ge(&values).unwrap().logical_not().unwrap();
-            lo = active.logical_and(&right).unwrap().where_cond(mid.add(1.0).unwrap(), &lo).unwrap();
-            hi = active.logical_and(right.logical_not().unwrap()).unwrap().where_cond(&mid, &hi).unwrap();
+            lo =
+                active.logical_and(&right).unwrap().where_cond(mid.add(1.0).unwrap(), &lo).unwrap();
+            hi = active
+                .logical_and(right.logical_not().unwrap())
+                .unwrap()
+                .where_cond(&mid, &hi)
+                .unwrap();
         }
         lo.to_vec::<f32>().unwrap()
     };

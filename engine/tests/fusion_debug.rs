@@ -6,7 +6,9 @@
 
 mod fusion_debug_common;
 
-use deferfuse::dump::{compare, first_difference, Comparison, DumpError, FlushDump, TierOutcome, DUMP_VERSION};
+use deferfuse::dump::{
+    compare, first_difference, Comparison, DumpError, FlushDump, TierOutcome, DUMP_VERSION,
+};
 use deferfuse::{Config, Mode};
 use fusion_debug_common::*;
 use rewrite_rules::CutReason;
@@ -43,8 +45,16 @@ fn every_workload_dumps_its_plan_and_draws_one_cluster_per_kernel() {
         );
         let rewrite = dump.rewrite.as_ref().expect("the flush rewrote");
         assert!(rewrite.ran_in_this_flush);
-        assert!(dump.timings_ns.rewrite > 0 && dump.timings_ns.run > 0, "{name}: {:?}", dump.timings_ns);
-        assert!(dump.memory.peak >= dump.memory.live_before && dump.memory.peak > 0, "{name}: {:?}", dump.memory);
+        assert!(
+            dump.timings_ns.rewrite > 0 && dump.timings_ns.run > 0,
+            "{name}: {:?}",
+            dump.timings_ns
+        );
+        assert!(
+            dump.memory.peak >= dump.memory.live_before && dump.memory.peak > 0,
+            "{name}: {:?}",
+            dump.memory
+        );
         assert!(dump.memory.written > 0);
 
         // Every recorded op carries the line of this workload that recorded
@@ -54,23 +64,40 @@ fn every_workload_dumps_its_plan_and_draws_one_cluster_per_kernel() {
             if matches!(node.op, trace_ir::Op::Parameter { .. }) {
                 continue;
             }
-            let site =
-                site.as_ref().unwrap_or_else(|| panic!("{name}: node {id} ({}) has no call site", node.op.name()));
-            assert!(site.file.ends_with("fusion_debug_common/mod.rs"), "{name}: node {id} recorded at {site}");
+            let site = site.as_ref().unwrap_or_else(|| {
+                panic!("{name}: node {id} ({}) has no call site", node.op.name())
+            });
+            assert!(
+                site.file.ends_with("fusion_debug_common/mod.rs"),
+                "{name}: node {id} recorded at {site}"
+            );
         }
 
         let svg = cli(&["show", path_str(&path), "--format", "svg"]);
         assert!(svg.status.success(), "{}", stderr(&svg));
-        assert_eq!(stdout(&svg).matches(r#"<g class="cluster""#).count(), kernels, "{name}: SVG clusters");
+        assert_eq!(
+            stdout(&svg).matches(r#"<g class="cluster""#).count(),
+            kernels,
+            "{name}: SVG clusters"
+        );
         let dot = cli(&["show", path_str(&path), "--format", "dot"]);
-        assert_eq!(stdout(&dot).matches("subgraph cluster_kernel_").count(), kernels, "{name}: DOT clusters");
+        assert_eq!(
+            stdout(&dot).matches("subgraph cluster_kernel_").count(),
+            kernels,
+            "{name}: DOT clusters"
+        );
     }
     // The MLP block: the first matmul has its bias and GELU as an epilogue; the
     // second one's bias and residual go into the LayerNorm's row loop.
     let mlp = FlushDump::load(&FlushDump::list(dir.path()).unwrap()[3]).unwrap();
-    let kinds: Vec<String> = mlp.program.kernels.iter().map(|k| deferfuse::dump::kernel_kind(&k.kind)).collect();
+    let kinds: Vec<String> =
+        mlp.program.kernels.iter().map(|k| deferfuse::dump::kernel_kind(&k.kind)).collect();
     assert_eq!(kinds, ["matmul + epilogue", "matmul", "row loop"]);
-    assert!(mlp.rewrite.as_ref().unwrap().rules_fired.contains_key("gelu-tanh"), "{:?}", mlp.rewrite);
+    assert!(
+        mlp.rewrite.as_ref().unwrap().rules_fired.contains_key("gelu-tanh"),
+        "{:?}",
+        mlp.rewrite
+    );
 }
 
 #[test]
@@ -80,12 +107,11 @@ fn explain_names_the_matmul_boundary_before_the_layer_norm() {
     let dump = FlushDump::load(&path).unwrap();
     let graph = dump.graph.as_ref().unwrap();
     // The LayerNorm's row loop reads the second matmul's result: a cut.
-    let cut = dump
-        .program
-        .cuts
-        .iter()
-        .find(|c| c.reason == CutReason::MatMulBoundary && dump.program.kernels_of(c.consumer) == [2]);
-    let cut = cut.unwrap_or_else(|| panic!("no matmul boundary into the row loop: {:?}", dump.program.cuts));
+    let cut = dump.program.cuts.iter().find(|c| {
+        c.reason == CutReason::MatMulBoundary && dump.program.kernels_of(c.consumer) == [2]
+    });
+    let cut = cut
+        .unwrap_or_else(|| panic!("no matmul boundary into the row loop: {:?}", dump.program.cuts));
     let out = cli(&["explain", path_str(&path), "--op", &cut.consumer.to_string()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
@@ -96,7 +122,9 @@ fn explain_names_the_matmul_boundary_before_the_layer_norm() {
     assert!(producer_line.contains("not fused: matmul boundary"), "{text}");
     assert!(producer_line.contains("materialized"), "{text}");
     // Its consumer inside the row loop is fused with it.
-    let consumer = (cut.consumer + 1..graph.len()).find(|&c| graph.nodes[c].inputs.contains(&cut.consumer)).unwrap();
+    let consumer = (cut.consumer + 1..graph.len())
+        .find(|&c| graph.nodes[c].inputs.contains(&cut.consumer))
+        .unwrap();
     assert!(
         text.lines().any(|l| l.contains(&format!("#{consumer} ")) && l.contains("fused (both in kernel 2)")),
         "{text}"
@@ -109,10 +137,17 @@ fn explain_names_the_shape_change_after_a_transformer_projection() {
     let dir = TempDir::new("explain-shape");
     let path = run_workload(dir.path(), "transformer_block", 2);
     let dump = FlushDump::load(&path).unwrap();
-    let cut = dump.program.cuts.iter().find(|c| c.reason == CutReason::ShapeChange).expect("a shape-change cut");
+    let cut = dump
+        .program
+        .cuts
+        .iter()
+        .find(|c| c.reason == CutReason::ShapeChange)
+        .expect("a shape-change cut");
     let text = stdout(&cli(&["explain", path_str(&path), "--op", &cut.producer.to_string()]));
     assert!(
-        text.lines().any(|l| l.contains(&format!("#{} ", cut.consumer)) && l.contains("not fused: shape change")),
+        text.lines()
+            .any(|l| l.contains(&format!("#{} ", cut.consumer))
+                && l.contains("not fused: shape change")),
         "{text}"
     );
 }
@@ -147,9 +182,15 @@ fn diff_names_the_changed_batch_dimension() {
     let text = stdout(&out);
     assert!(text.contains(&format!("shape class {} (", da.shape_class)), "{text}");
     assert!(text.contains("same shape class, different sizes; first size that differs:"), "{text}");
-    assert!(text.contains("node 2 (param 1): shape [8, 64] vs [16, 64] (dimension 0: 8 vs 16)"), "{text}");
+    assert!(
+        text.contains("node 2 (param 1): shape [8, 64] vs [16, 64] (dimension 0: 8 vs 16)"),
+        "{text}"
+    );
     assert!(text.contains("on backend cpu (native, executables resize)"), "{text}");
-    assert!(text.contains("here B was a tier-1 miss: its context held no program of this shape class"), "{text}");
+    assert!(
+        text.contains("here B was a tier-1 miss: its context held no program of this shape class"),
+        "{text}"
+    );
 
     // The same workload at the same batch: same signature.
     let c = run_workload(dir.path(), "mlp_block", 8);
@@ -174,10 +215,14 @@ fn a_new_batch_size_in_one_context_is_resized_and_dumped_with_its_graph() {
     // The template's graph, resized as the program was: `explain` works on it.
     let (ga, gb) = (da.graph.as_ref().unwrap(), db.graph.as_ref().expect("the resized graph"));
     assert_eq!(ga.len(), gb.len());
-    assert_eq!(gb.nodes.iter().map(|n| &n.meta).collect::<Vec<_>>(), db.program.values.iter().collect::<Vec<_>>());
+    assert_eq!(
+        gb.nodes.iter().map(|n| &n.meta).collect::<Vec<_>>(),
+        db.program.values.iter().collect::<Vec<_>>()
+    );
     assert_eq!(db.program.kernels.len(), da.program.kernels.len());
     assert!(!db.rewrite.as_ref().expect("the template's rewrite report").ran_in_this_flush);
-    let x = gb.nodes.iter().position(|n| n.meta.shape.as_slice() == [16, 64]).expect("x at batch 16");
+    let x =
+        gb.nodes.iter().position(|n| n.meta.shape.as_slice() == [16, 64]).expect("x at batch 16");
     let text = stdout(&cli(&["explain", path_str(&b), "--op", &x.to_string()]));
     assert!(text.contains(&format!("op #{x} ")) && text.contains("f32[16, 64]"), "{text}");
 
@@ -188,16 +233,30 @@ fn a_new_batch_size_in_one_context_is_resized_and_dumped_with_its_graph() {
     let text = stdout(&out);
     assert!(text.contains("B's cache outcome: tier 1 resized, tier 2 -, tier 3 -"), "{text}");
     assert!(text.contains("same shape class, different sizes; first size that differs:"), "{text}");
-    assert!(text.contains("node 2 (param 1): shape [8, 64] vs [16, 64] (dimension 0: 8 vs 16)"), "{text}");
-    assert!(text.contains("B reuses A's program resized to its sizes, with no rewrite, plan or compile"), "{text}");
+    assert!(
+        text.contains("node 2 (param 1): shape [8, 64] vs [16, 64] (dimension 0: 8 vs 16)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "B reuses A's program resized to its sizes, with no rewrite, plan or compile"
+        ),
+        "{text}"
+    );
     assert!(text.contains("here B was resized"), "{text}");
     assert!(!text.contains("recompile"), "{text}");
 
     let text = stdout(&cli(&["summary", path_str(dir.path())]));
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("flush-")).collect();
     // Cells are separated by at least two spaces ("12.0 KiB" holds one).
-    let t1 =
-        |row: &str| row.split("  ").map(str::trim).filter(|c| !c.is_empty()).nth(5).unwrap_or_default().to_string();
+    let t1 = |row: &str| {
+        row.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .nth(5)
+            .unwrap_or_default()
+            .to_string()
+    };
     assert_eq!((t1(rows[0]).as_str(), t1(rows[1]).as_str()), ("miss", "resized"), "{text}");
     assert!(
         text.contains(
@@ -222,14 +281,28 @@ fn a_program_with_strided_views_resizes_for_a_new_batch() {
     let size = same_class(&da, &db);
     assert_eq!((size.node, size.dimension, size.a, size.b), (0, 0, 2, 6), "{size}");
     let text = stdout(&cli(&["diff", path_str(&a), path_str(&b)]));
-    assert!(text.contains("node 0 (param 0): shape [2, 16, 64] vs [6, 16, 64] (dimension 0: 2 vs 6)"), "{text}");
-    assert!(text.contains("B reuses A's program resized to its sizes, with no rewrite, plan or compile"), "{text}");
+    assert!(
+        text.contains("node 0 (param 0): shape [2, 16, 64] vs [6, 16, 64] (dimension 0: 2 vs 6)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "B reuses A's program resized to its sizes, with no rewrite, plan or compile"
+        ),
+        "{text}"
+    );
     assert!(text.contains("here B was resized"), "{text}");
 }
 
 /// The diff of `a` and `b` when `b`'s dump says `backend`, and tier 1 missed.
-fn diff_as_if_on(backend: &str, dir: &std::path::Path, a: &std::path::Path, b: &std::path::Path) -> String {
-    let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(b).unwrap()).unwrap();
+fn diff_as_if_on(
+    backend: &str,
+    dir: &std::path::Path,
+    a: &std::path::Path,
+    b: &std::path::Path,
+) -> String {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(b).unwrap()).unwrap();
     value["backend"] = backend.into();
     value["cache"]["tier1"] = "miss".into();
     let edited = dir.join(format!("{backend}.json"));
@@ -247,9 +320,20 @@ fn diff_says_a_new_size_is_still_a_recompile_on_pjrt() {
     let b = run_workload_in(&ctx, dir.path(), "softmax", 16);
     let text = diff_as_if_on("pjrt", dir.path(), &a, &b);
     assert!(text.contains("same shape class, different sizes"), "{text}");
-    assert!(text.contains("node 0 (param 0): shape [8, 128] vs [16, 128] (dimension 0: 8 vs 16)"), "{text}");
-    assert!(text.contains("on backend pjrt (executables are compiled per size): B is still a recompile"), "{text}");
-    assert!(text.contains("here B was a tier-1 miss: it was rewritten and compiled for its own sizes"), "{text}");
+    assert!(
+        text.contains("node 0 (param 0): shape [8, 128] vs [16, 128] (dimension 0: 8 vs 16)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "on backend pjrt (executables are compiled per size): B is still a recompile"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("here B was a tier-1 miss: it was rewritten and compiled for its own sizes"),
+        "{text}"
+    );
     assert!(!text.contains("B reuses A's program"), "{text}");
     let text = diff_as_if_on("tpu-next", dir.path(), &a, &b);
     assert!(text.contains("on backend tpu-next: a new size is resized where"), "{text}");
@@ -264,7 +348,9 @@ fn a_size_of_one_is_another_shape_class_and_diff_names_it() {
     let (da, db) = (FlushDump::load(&a).unwrap(), FlushDump::load(&b).unwrap());
     assert_ne!(da.shape_class, db.shape_class, "a size of 1 is literal in the shape class");
     assert_eq!(db.cache.tier1, TierOutcome::Miss);
-    let Comparison::Different(difference) = compare(&da.recorded, &db.recorded) else { panic!("one class") };
+    let Comparison::Different(difference) = compare(&da.recorded, &db.recorded) else {
+        panic!("one class")
+    };
     assert_eq!(difference.node, Some(0), "{difference}");
     let line = "node 0 (param 0): shape [1, 128] vs [4, 128]: dimension 0 is 1 vs 4; \
                 sizes 0 and 1 are part of the shape class (they decide broadcasting)";
@@ -272,9 +358,15 @@ fn a_size_of_one_is_another_shape_class_and_diff_names_it() {
     let out = cli(&["diff", path_str(&a), path_str(&b)]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("shape classes differ, so B could not reuse A's program on any backend"), "{text}");
+    assert!(
+        text.contains("shape classes differ, so B could not reuse A's program on any backend"),
+        "{text}"
+    );
     assert!(text.contains(line), "{text}");
-    assert!(text.contains("in A: first read by node 1 (max [1] keep) at") && text.contains("mod.rs"), "{text}");
+    assert!(
+        text.contains("in A: first read by node 1 (max [1] keep) at") && text.contains("mod.rs"),
+        "{text}"
+    );
 
     // A batch equal to another size of the trace joins that size's symbol:
     // also another class (the MLP block's width is 64).
@@ -282,14 +374,20 @@ fn a_size_of_one_is_another_shape_class_and_diff_names_it() {
     let d = run_workload_in(&ctx, dir.path(), "mlp_block", 64);
     let (dc, dd) = (FlushDump::load(&c).unwrap(), FlushDump::load(&d).unwrap());
     assert_ne!(dc.shape_class, dd.shape_class);
-    let Comparison::Different(difference) = compare(&dc.recorded, &dd.recorded) else { panic!("one class") };
+    let Comparison::Different(difference) = compare(&dc.recorded, &dd.recorded) else {
+        panic!("one class")
+    };
     assert_eq!(difference.node, Some(2), "{difference}");
     assert!(
-        difference.what.starts_with("node 2 (param 1): shape [8, 64] vs [64, 64]: dimension 0 is 8 vs 64;"),
+        difference
+            .what
+            .starts_with("node 2 (param 1): shape [8, 64] vs [64, 64]: dimension 0 is 8 vs 64;"),
         "{difference}"
     );
     assert!(
-        difference.what.contains("in A it is a size of its own (8), in B the size of node 0's shape dimension 1 (64)"),
+        difference.what.contains(
+            "in A it is a size of its own (8), in B the size of node 0's shape dimension 1 (64)"
+        ),
         "{difference}"
     );
 }
@@ -304,11 +402,15 @@ fn a_second_flush_of_the_same_ops_is_a_tier1_hit_and_keeps_its_graph() {
     }
     let files = FlushDump::list(dir.path()).unwrap();
     assert_eq!(files.len(), 2);
-    let (first, second) = (FlushDump::load(&files[0]).unwrap(), FlushDump::load(&files[1]).unwrap());
+    let (first, second) =
+        (FlushDump::load(&files[0]).unwrap(), FlushDump::load(&files[1]).unwrap());
     assert_eq!(first.signature, second.signature);
     assert_eq!(second.cache.tier1, TierOutcome::Hit);
     assert_eq!(second.cache.tier2, TierOutcome::Skipped);
-    assert_eq!((second.timings_ns.rewrite, second.timings_ns.plan, second.timings_ns.compile), (0, 0, 0));
+    assert_eq!(
+        (second.timings_ns.rewrite, second.timings_ns.plan, second.timings_ns.compile),
+        (0, 0, 0)
+    );
     let rewrite = second.rewrite.as_ref().expect("the report of the flush that built the program");
     assert!(!rewrite.ran_in_this_flush);
     assert_eq!(second.graph, first.graph);
@@ -317,7 +419,10 @@ fn a_second_flush_of_the_same_ops_is_a_tier1_hit_and_keeps_its_graph() {
     assert!(summary.status.success(), "{}", stderr(&summary));
     let text = stdout(&summary);
     assert_eq!(text.lines().filter(|l| l.starts_with("flush-")).count(), 2, "{text}");
-    assert!(text.contains("2 flushes, 1 distinct signatures in 1 shape classes, 1 tier-1 misses"), "{text}");
+    assert!(
+        text.contains("2 flushes, 1 distinct signatures in 1 shape classes, 1 tier-1 misses"),
+        "{text}"
+    );
     assert!(text.contains("top time sinks:"), "{text}");
     let row = text.lines().nth(2).unwrap();
     assert!(row.contains("hit"), "{text}");
@@ -326,8 +431,11 @@ fn a_second_flush_of_the_same_ops_is_a_tier1_hit_and_keeps_its_graph() {
 #[test]
 fn fusion_off_dumps_the_recorded_trace_unfused() {
     let dir = TempDir::new("unfused");
-    let config =
-        Config { fusion: false, fusion_dump: Some(dir.path().into()), ..Config::with_mode(Mode::DeferAndFuse) };
+    let config = Config {
+        fusion: false,
+        fusion_dump: Some(dir.path().into()),
+        ..Config::with_mode(Mode::DeferAndFuse)
+    };
     let ctx = deferfuse::Context::new(config).unwrap();
     let x = input(&ctx, &[4, 32], 1, 1.0);
     softmax(&x).unwrap().to_vec::<f32>().unwrap();
@@ -370,7 +478,11 @@ fn damaged_dumps_give_errors_never_panics() {
     let out_of_range = value;
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("truncated.json", text.as_bytes()[..text.len() / 2].to_vec(), "truncated"),
-        ("corrupt.json", text.replacen("\"recorded\"", "\"recorded\" 17", 1).into_bytes(), "corrupt fusion dump"),
+        (
+            "corrupt.json",
+            text.replacen("\"recorded\"", "\"recorded\" 17", 1).into_bytes(),
+            "corrupt fusion dump",
+        ),
         ("binary.json", vec![0xff, 0xfe, 0x00, 0x12], "not UTF-8"),
         ("empty.json", Vec::new(), "truncated"),
         ("newer.json", newer.to_string().into_bytes(), newer_message.as_str()),
@@ -442,12 +554,21 @@ fn missing_paths_and_bad_requests_have_their_exit_codes() {
     let out = cli(&["show", path_str(&path), "--format", "pdf"]);
     assert_eq!(out.status.code(), Some(2));
 
-    let out = cli(&["show", path_str(&path), "-o", path_str(&dir.path().join("no-such-dir/page.html"))]);
+    let out =
+        cli(&["show", path_str(&path), "-o", path_str(&dir.path().join("no-such-dir/page.html"))]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
 
     let help = stdout(&cli(&["--help"]));
-    assert!(help.contains("Exit codes:") && help.contains("3  the request does not fit the dump"), "{help}");
-    assert!(help.contains("0  success (for diff: whether or not the two flushes could share a program)"), "{help}");
+    assert!(
+        help.contains("Exit codes:") && help.contains("3  the request does not fit the dump"),
+        "{help}"
+    );
+    assert!(
+        help.contains(
+            "0  success (for diff: whether or not the two flushes could share a program)"
+        ),
+        "{help}"
+    );
 }
 
 #[test]
@@ -491,7 +612,12 @@ fn call_sites_point_at_the_users_line_through_composites_and_operators() {
     let y = x.linear(&w, Some(&b)).unwrap().gelu(deferfuse::GeluApproximation::Tanh).unwrap();
     let line = line!() + 1;
     let z = deferfuse::Tensor::cat(&[&y, &i], -1).unwrap();
-    let z = (-(&z + 1.0).unwrap()).unwrap().layer_norm(&[16], None, None, 1e-5).unwrap().softmax(-1).unwrap();
+    let z = (-(&z + 1.0).unwrap())
+        .unwrap()
+        .layer_norm(&[16], None, None, 1e-5)
+        .unwrap()
+        .softmax(-1)
+        .unwrap();
     z.to_vec::<f32>().unwrap();
     let dump = FlushDump::load(&FlushDump::list(dir.path()).unwrap()[0]).unwrap();
     let this_file = file!();
@@ -499,12 +625,18 @@ fn call_sites_point_at_the_users_line_through_composites_and_operators() {
         if matches!(node.op, trace_ir::Op::Parameter { .. }) {
             continue;
         }
-        let site =
-            dump.call_sites[id].as_ref().unwrap_or_else(|| panic!("node {id} ({}) has no call site", node.op.name()));
+        let site = dump.call_sites[id]
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {id} ({}) has no call site", node.op.name()));
         assert_eq!(site.file, this_file, "node {id} ({}) recorded at {site}", node.op.name());
     }
     // The i32 operand of `cat` is cast to f32 on the `cat` line.
-    let cast = dump.recorded.nodes.iter().position(|n| matches!(n.op, trace_ir::Op::Cast { .. })).expect("a cast");
+    let cast = dump
+        .recorded
+        .nodes
+        .iter()
+        .position(|n| matches!(n.op, trace_ir::Op::Cast { .. }))
+        .expect("a cast");
     assert_eq!(dump.call_sites[cast].as_ref().unwrap().line, line);
 }
 
@@ -514,7 +646,11 @@ fn a_lifted_softmax_points_back_at_the_recorded_ops_and_their_line() {
     let path = run_workload(dir.path(), "softmax", 4);
     let dump = FlushDump::load(&path).unwrap();
     let graph = dump.graph.as_ref().unwrap();
-    let lifted = graph.nodes.iter().position(|n| matches!(n.op, trace_ir::Op::Softmax { .. })).expect("softmax lifted");
+    let lifted = graph
+        .nodes
+        .iter()
+        .position(|n| matches!(n.op, trace_ir::Op::Softmax { .. }))
+        .expect("softmax lifted");
     // The fused softmax stands for the recorded division, the last op of the decomposition.
     let origins = &dump.origins[lifted];
     assert!(!origins.is_empty());
@@ -559,7 +695,12 @@ fn compare_sees_sizes_through_the_shape_class() {
     let grow = |shape: &[usize], value: f64, extra: bool| {
         let mut t = Trace::new();
         let x = t.push_parameter(Meta::new(shape.iter().copied().collect(), DType::F32));
-        let c = t.push(Op::Full { value, shape: shape.iter().copied().collect(), dtype: DType::F32 }, &[]).unwrap();
+        let c = t
+            .push(
+                Op::Full { value, shape: shape.iter().copied().collect(), dtype: DType::F32 },
+                &[],
+            )
+            .unwrap();
         let mut y = t.push(Op::Binary { kind: BinaryOp::Mul }, &[x, c]).unwrap();
         if extra {
             y = t.push(Op::Unary { kind: UnaryOp::Neg }, &[y]).unwrap();

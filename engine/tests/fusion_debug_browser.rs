@@ -54,7 +54,8 @@ fn body_attribute(dom: &str, name: &str) -> Option<String> {
 
 fn html_of(dump: &Path, dir: &Path) -> PathBuf {
     let page = dir.join("flush.html");
-    let out = cli(&["show", dump.to_str().unwrap(), "--format", "html", "-o", page.to_str().unwrap()]);
+    let out =
+        cli(&["show", dump.to_str().unwrap(), "--format", "html", "-o", page.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     page
 }
@@ -72,7 +73,11 @@ fn the_html_view_loads_in_chromium_with_one_cluster_per_kernel() {
         assert!(!found.contains(remote), "the page must be self-contained, found {remote:?}");
     }
 
-    let dom = chromium(&page, &["--dump-dom", "--virtual-time-budget=2000"], &dir.path().join("profile-dom"));
+    let dom = chromium(
+        &page,
+        &["--dump-dom", "--virtual-time-budget=2000"],
+        &dir.path().join("profile-dom"),
+    );
     assert_eq!(body_attribute(&dom, "data-script-error"), None, "the page's script threw");
     assert_eq!(
         body_attribute(&dom, "data-ready").as_deref(),
@@ -82,12 +87,20 @@ fn the_html_view_loads_in_chromium_with_one_cluster_per_kernel() {
     );
     assert_eq!(body_attribute(&dom, "data-clusters"), Some(kernels.to_string()));
     assert_eq!(dom.matches(r#"<g class="cluster""#).count(), kernels);
-    assert_eq!(dom.matches(r#"<li data-kernel=""#).count(), kernels, "the side panel lists every kernel");
+    assert_eq!(
+        dom.matches(r#"<li data-kernel=""#).count(),
+        kernels,
+        "the side panel lists every kernel"
+    );
     assert!(dom.contains("id=\"rules\""), "the side panel lists the rules fired");
 
     let shot = dir.path().join("flush.png");
     let screenshot = format!("--screenshot={}", shot.display());
-    chromium(&page, &[&screenshot, "--window-size=1400,900", "--hide-scrollbars"], &dir.path().join("profile-shot"));
+    chromium(
+        &page,
+        &[&screenshot, "--window-size=1400,900", "--hide-scrollbars"],
+        &dir.path().join("profile-shot"),
+    );
     let (width, height, distinct, spread) = image_stats(&shot);
     assert_eq!((width, height), (1400, 900));
     // A blank page is one colour; the drawing has white, cluster tints, red
@@ -105,9 +118,12 @@ fn image_stats(path: &Path) -> (u32, u32, usize, f64) {
     let channels = info.color_type.samples();
     assert_eq!(info.bit_depth, png::BitDepth::Eight);
     let pixels: Vec<&[u8]> = buf[..info.buffer_size()].chunks(channels).collect();
-    let mut colours: Vec<[u8; 3]> = pixels.iter().map(|p| [p[0], p[1 % channels], p[2 % channels]]).collect();
-    let lum: Vec<f64> =
-        colours.iter().map(|c| 0.299 * c[0] as f64 + 0.587 * c[1] as f64 + 0.114 * c[2] as f64).collect();
+    let mut colours: Vec<[u8; 3]> =
+        pixels.iter().map(|p| [p[0], p[1 % channels], p[2 % channels]]).collect();
+    let lum: Vec<f64> = colours
+        .iter()
+        .map(|c| 0.299 * c[0] as f64 + 0.587 * c[1] as f64 + 0.114 * c[2] as f64)
+        .collect();
     let mean = lum.iter().sum::<f64>() / lum.len() as f64;
     let variance = lum.iter().map(|l| (l - mean) * (l - mean)).sum::<f64>() / lum.len() as f64;
     colours.sort_unstable();

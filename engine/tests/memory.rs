@@ -54,8 +54,14 @@ fn live_bytes_return_to_zero_when_everything_is_dropped() {
 #[test]
 fn a_fused_step_writes_into_inputs_nobody_else_holds() {
     let ctx = Context::with_mode(Mode::DeferAndFuse).unwrap();
-    let reference = Context::new(deferfuse::Config { mode: Mode::Strict, fusion: false, ..deferfuse::Config::default() }).unwrap();
-    let mut state = [ctx.randn(&[N], DType::F32, 1).unwrap(), ctx.randn(&[N], DType::F32, 2).unwrap()];
+    let reference = Context::new(deferfuse::Config {
+        mode: Mode::Strict,
+        fusion: false,
+        ..deferfuse::Config::default()
+    })
+    .unwrap();
+    let mut state =
+        [ctx.randn(&[N], DType::F32, 1).unwrap(), ctx.randn(&[N], DType::F32, 2).unwrap()];
     let grad = ctx.randn(&[N], DType::F32, 3).unwrap();
     let copy = |t: &Tensor| reference.from_vec(t.to_vec::<f32>().unwrap(), &[N]).unwrap();
     let mut expected = [copy(&state[0]), copy(&state[1])];

@@ -18,7 +18,13 @@ struct Step {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    (0u8..40, 0usize..64, 0usize..64, 0usize..64, -3i64..4).prop_map(|(kind, a, b, c, arg)| Step { kind, a, b, c, arg })
+    (0u8..40, 0usize..64, 0usize..64, 0usize..64, -3i64..4).prop_map(|(kind, a, b, c, arg)| Step {
+        kind,
+        a,
+        b,
+        c,
+        arg,
+    })
 }
 
 fn context(mode: Mode, max_pending_ops: usize) -> Context {
@@ -83,7 +89,12 @@ fn apply(ctx: &Context, pool: &[Tensor], s: &Step) -> Result<Tensor> {
 
 /// Runs a program and returns, per step, either the error text or the value
 /// of every pool tensor read at the end, as exact bits.
-fn run(mode: Mode, max_pending_ops: usize, steps: &[Step], drop_every: usize) -> Vec<std::result::Result<(Vec<usize>, DType, Vec<u32>), String>> {
+fn run(
+    mode: Mode,
+    max_pending_ops: usize,
+    steps: &[Step],
+    drop_every: usize,
+) -> Vec<std::result::Result<(Vec<usize>, DType, Vec<u32>), String>> {
     let ctx = context(mode, max_pending_ops);
     let mut pool = vec![
         ctx.randn(&[4, 3], DType::F32, 1).unwrap(),

@@ -30,9 +30,15 @@ fn reference() -> Vec<f32> {
 }
 
 fn on_pjrt(mode: Mode, cache_dir: &Path, plugin: Option<PathBuf>) -> Context {
-    let config =
-        Config { mode, backend: BackendKind::Pjrt, cache_dir: Some(cache_dir.into()), pjrt_plugin: plugin, ..Config::default() };
-    Context::new(config).unwrap_or_else(|e| panic!("run .ci/setup_python to install the PJRT plugins: {e}"))
+    let config = Config {
+        mode,
+        backend: BackendKind::Pjrt,
+        cache_dir: Some(cache_dir.into()),
+        pjrt_plugin: plugin,
+        ..Config::default()
+    };
+    Context::new(config)
+        .unwrap_or_else(|e| panic!("run .ci/setup_python to install the PJRT plugins: {e}"))
 }
 
 /// Runs the workload in DeferAndFuse and Strict on one cache directory and
@@ -43,7 +49,8 @@ fn run_workload(cache_dir: &Path, plugin: Option<PathBuf>) -> BackendStats {
     for mode in [Mode::DeferAndFuse, Mode::Strict] {
         let ctx = on_pjrt(mode, cache_dir, plugin.clone());
         let got = HostData::F32(workload(&ctx).unwrap());
-        compare(&[got], std::slice::from_ref(&want), None).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        compare(&[got], std::slice::from_ref(&want), None)
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
         let s = ctx.stats().backend;
         total.compiled += s.compiled;
         total.loaded += s.loaded;
@@ -53,7 +60,8 @@ fn run_workload(cache_dir: &Path, plugin: Option<PathBuf>) -> BackendStats {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("deferfuse-pjrt-cache-{name}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("deferfuse-pjrt-cache-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
@@ -80,7 +88,10 @@ fn second_plugin() -> PathBuf {
         .map(|py| py.path().join("site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"))
         .find(|p| p.is_file());
     found.unwrap_or_else(|| {
-        panic!("the second CPU plugin (lammps-jax-pjrt-cpu) is not in {}: run .ci/setup_python", venv.display())
+        panic!(
+            "the second CPU plugin (lammps-jax-pjrt-cpu) is not in {}: run .ci/setup_python",
+            venv.display()
+        )
     })
 }
 
@@ -97,13 +108,18 @@ fn child_runs_the_workload() {
 /// Runs [`child_runs_the_workload`] in a new process; returns its counters.
 fn in_child(cache_dir: &Path, plugin: Option<&Path>) -> BackendStats {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_runs_the_workload", "--nocapture", "--test-threads", "1"]).env(CHILD_VAR, cache_dir);
+    cmd.args(["--exact", "child_runs_the_workload", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_VAR, cache_dir);
     if let Some(p) = plugin {
         cmd.env("DEFERFUSE_TEST_PJRT_PLUGIN", p);
     }
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line = stdout
         .lines()
         .find_map(|l| l.split_once("STATS ").map(|(_, rest)| rest))
@@ -157,7 +173,11 @@ fn corrupt_entries_are_rebuilt() {
     assert_eq!(second.loaded, 0, "{second:?}");
     assert_eq!(second.load_failures, entries.len() as u64 / 2, "{second:?}");
     let third = run_workload(&dir, None);
-    assert_eq!((third.compiled, third.loaded), (0, first.compiled), "the rebuilt entries load: {third:?}");
+    assert_eq!(
+        (third.compiled, third.loaded),
+        (0, first.compiled),
+        "the rebuilt entries load: {third:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -184,7 +204,11 @@ fn another_plugin_build_never_loads_our_executables() {
     let ours = in_child(&dir, None);
     assert!(ours.compiled >= 4, "{ours:?}");
     let theirs = in_child(&dir, Some(&second_plugin()));
-    assert_eq!((theirs.compiled, theirs.loaded, theirs.load_failures), (ours.compiled, 0, 0), "{theirs:?}");
+    assert_eq!(
+        (theirs.compiled, theirs.loaded, theirs.load_failures),
+        (ours.compiled, 0, 0),
+        "{theirs:?}"
+    );
     // Each build reads back its own entries.
     let again = in_child(&dir, Some(&second_plugin()));
     assert_eq!((again.compiled, again.loaded), (0, ours.compiled), "{again:?}");

@@ -9,7 +9,10 @@
 use std::sync::{Arc, OnceLock};
 
 use deferfuse::differential::{check_generated_on, compare};
-use deferfuse::{bf16, f16, BackendKind, Config, Context, DType, GeluApproximation, HostData, Mode, Result, Tensor};
+use deferfuse::{
+    bf16, f16, BackendKind, Config, Context, DType, GeluApproximation, HostData, Mode, Result,
+    Tensor,
+};
 use runtime::pjrt::PjrtBackend;
 use runtime::MemoryTracker;
 
@@ -40,7 +43,9 @@ fn tensor(ctx: &Context, values: &[f32], shape: &[usize], dtype: DType) -> Tenso
 }
 
 fn values(n: usize, seed: u32, lo: f32, hi: f32) -> Vec<f32> {
-    (0..n as u32).map(|i| lo + (hi - lo) * (((i * 7919 + seed * 104729) % 1000) as f32 / 1000.0)).collect()
+    (0..n as u32)
+        .map(|i| lo + (hi - lo) * (((i * 7919 + seed * 104729) % 1000) as f32 / 1000.0))
+        .collect()
 }
 
 /// Every public op of `Tensor` on inputs of `dtype`. An op the dtype does not
@@ -144,7 +149,9 @@ fn every_op_and_dtype_matches_the_native_backend() {
                             .unwrap_or_else(|e| panic!("{mode} {dtype} op #{k}: pjrt vs cpu: {e}"));
                         checked += 1;
                     }
-                    (Err(g), Err(w)) => assert_eq!(g, w, "{mode} {dtype} op #{k}: the errors differ"),
+                    (Err(g), Err(w)) => {
+                        assert_eq!(g, w, "{mode} {dtype} op #{k}: the errors differ")
+                    }
                     _ => panic!("{mode} {dtype} op #{k}: pjrt {g:?} vs cpu {w:?}"),
                 }
             }
@@ -170,7 +177,8 @@ fn the_three_modes_on_pjrt_agree_with_the_native_backend() {
         let ctx = pjrt(mode);
         assert_eq!(ctx.backend_name(), "pjrt");
         let got = HostData::F32(mlp(&ctx).unwrap());
-        compare(&[got], std::slice::from_ref(&want), None).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        compare(&[got], std::slice::from_ref(&want), None)
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
     }
 }
 
@@ -181,12 +189,19 @@ fn defer_and_fuse_compiles_one_unfused_module_per_flush() {
     let flush = ctx.last_flush().unwrap();
     // XLA fuses inside the module: the program is the optimized trace, op by op.
     assert!(
-        flush.program.kernels.iter().all(|k| matches!(k.kind, rewrite_rules::program::KernelKind::Single { .. })),
+        flush
+            .program
+            .kernels
+            .iter()
+            .all(|k| matches!(k.kind, rewrite_rules::program::KernelKind::Single { .. })),
         "{:?}",
         flush.program
     );
     let after_first = ctx.stats();
-    assert_eq!(after_first.backend.compiled, after_first.flushes, "one module per flush: {after_first:?}");
+    assert_eq!(
+        after_first.backend.compiled, after_first.flushes,
+        "one module per flush: {after_first:?}"
+    );
     // The same op sequence again compiles nothing.
     assert_eq!(mlp(&ctx).unwrap(), first);
     let after_second = ctx.stats();
@@ -207,7 +222,11 @@ fn strict_compiles_each_op_once_per_shape() {
         y = step(&x, &y);
     }
     y.to_vec::<f32>().unwrap();
-    assert_eq!(ctx.stats().backend.compiled, once, "the same ops on the same shapes compiled again");
+    assert_eq!(
+        ctx.stats().backend.compiled,
+        once,
+        "the same ops on the same shapes compiled again"
+    );
     // A new shape compiles each op once more.
     let x2 = ctx.rand(&[8, 3], DType::F32, 1).unwrap();
     let mut y2 = step(&x2, &x2);
@@ -267,7 +286,8 @@ fn donated_state_keeps_results_right_and_held_inputs_readable() {
     let ctx = pjrt(Mode::DeferAndFuse);
     let (got, _) = run(&ctx, false);
     for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-        compare(&[HostData::F32(g.clone())], &[HostData::F32(w.clone())], None).unwrap_or_else(|e| panic!("step {step}: {e}"));
+        compare(&[HostData::F32(g.clone())], &[HostData::F32(w.clone())], None)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
     }
     let donated = ctx.stats().backend.donated;
     assert!(donated >= 6, "p and m are donated from the second step on: {:?}", ctx.stats().backend);
@@ -282,7 +302,11 @@ fn donated_state_keeps_results_right_and_held_inputs_readable() {
 
 fn shared_backend() -> &'static Arc<PjrtBackend> {
     static BACKEND: OnceLock<Arc<PjrtBackend>> = OnceLock::new();
-    BACKEND.get_or_init(|| Arc::new(PjrtBackend::new(MemoryTracker::new()).expect("a PJRT plugin (run .ci/setup_python)")))
+    BACKEND.get_or_init(|| {
+        Arc::new(
+            PjrtBackend::new(MemoryTracker::new()).expect("a PJRT plugin (run .ci/setup_python)"),
+        )
+    })
 }
 
 #[test]
@@ -300,7 +324,8 @@ fn generated_traces_on_pjrt_agree_with_the_reference() {
             .collect();
         check_generated_on(&bytes, backend.as_ref()).unwrap_or_else(|e| panic!("case {case}: {e}"));
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fused_vs_unfused");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fused_vs_unfused");
     let mut replayed = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -312,7 +337,8 @@ fn generated_traces_on_pjrt_agree_with_the_reference() {
 }
 
 fn plugin_error(path: &std::path::Path) -> String {
-    let config = Config { backend: BackendKind::Pjrt, pjrt_plugin: Some(path.into()), ..Config::default() };
+    let config =
+        Config { backend: BackendKind::Pjrt, pjrt_plugin: Some(path.into()), ..Config::default() };
     match Context::new(config) {
         Ok(_) => panic!("{} loaded as a PJRT plugin", path.display()),
         Err(e) => e.to_string(),
@@ -321,7 +347,9 @@ fn plugin_error(path: &std::path::Path) -> String {
 
 #[test]
 fn bad_backend_names_and_plugins_give_clear_errors() {
-    let e = Config::from_vars(|k| (k == "TORCH_TPU_BACKEND").then(|| "tpu".to_string())).unwrap_err().to_string();
+    let e = Config::from_vars(|k| (k == "TORCH_TPU_BACKEND").then(|| "tpu".to_string()))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("TORCH_TPU_BACKEND") && e.contains("cpu, pjrt"), "{e}");
     let config = Config::from_vars(|k| match k {
         "TORCH_TPU_BACKEND" => Some("PJRT".into()),

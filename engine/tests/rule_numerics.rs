@@ -14,15 +14,21 @@ fn every_rule_preserves_the_numbers() {
     let mut checked = 0;
     for set in RuleSets::NAMES {
         for name in RuleSets::rule_names(set) {
-            let trace = trace_for(&name).unwrap_or_else(|| panic!("rule {name} has no example trace"));
+            let trace =
+                trace_for(&name).unwrap_or_else(|| panic!("rule {name} has no example trace"));
             let optimized = optimize(&trace, &RewriteConfig::default()).unwrap();
-            assert!(optimized.report.rules_fired.contains_key(&name), "{name} did not fire: {:?}", optimized.report);
+            assert!(
+                optimized.report.rules_fired.contains_key(&name),
+                "{name} did not fire: {:?}",
+                optimized.report
+            );
             let metas: Vec<_> = trace.parameters().iter().map(|&p| trace.meta(p).clone()).collect();
             for seed in 0..5 {
                 let inputs = random_inputs(&metas, seed);
                 let before = run_reference(&trace, &inputs).unwrap();
                 let after = run_reference(&optimized.trace, &inputs).unwrap();
-                compare(&after, &before, None).unwrap_or_else(|e| panic!("rule {name}, seed {seed}: {e}"));
+                compare(&after, &before, None)
+                    .unwrap_or_else(|e| panic!("rule {name}, seed {seed}: {e}"));
             }
             checked += 1;
         }

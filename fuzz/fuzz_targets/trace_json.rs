@@ -9,7 +9,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
         if let Ok(trace) = trace_ir::Trace::from_json(text) {
             assert!(trace.validate().is_ok());
-            let again = trace_ir::Trace::from_json(&trace.to_json()).expect("a loaded trace reloads");
+            let again =
+                trace_ir::Trace::from_json(&trace.to_json()).expect("a loaded trace reloads");
             assert_eq!(again.to_json(), trace.to_json());
         }
     }

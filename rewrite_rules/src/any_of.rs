@@ -20,7 +20,10 @@ pub fn any_of<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> AnyOf {
         v.sort();
         v
     };
-    assert!(patterns.windows(2).all(|w| vars(&w[0]) == vars(&w[1])), "alternatives must bind the same variables");
+    assert!(
+        patterns.windows(2).all(|w| vars(&w[0]) == vars(&w[1])),
+        "alternatives must bind the same variables"
+    );
     AnyOf { patterns }
 }
 
@@ -43,7 +46,11 @@ impl Searcher<TensorNode, TensorAnalysis> for AnyOf {
         (!substs.is_empty()).then_some(SearchMatches { eclass, substs, ast: None })
     }
 
-    fn search_with_limit(&self, egraph: &TensorGraph, limit: usize) -> Vec<SearchMatches<'_, TensorNode>> {
+    fn search_with_limit(
+        &self,
+        egraph: &TensorGraph,
+        limit: usize,
+    ) -> Vec<SearchMatches<'_, TensorNode>> {
         // Each alternative searches only the classes holding its root op.
         let mut out = Vec::new();
         let mut left = limit;

@@ -84,8 +84,11 @@ impl FromStr for Attr {
             return Ok(Attr::DType(d));
         }
         if let Some(inner) = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
-            let dims: Result<Shape, _> =
-                inner.split(',').filter(|p| !p.is_empty()).map(|p| p.trim().parse::<usize>()).collect();
+            let dims: Result<Shape, _> = inner
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(|p| p.trim().parse::<usize>())
+                .collect();
             return dims.map(Attr::Dims).map_err(|e| format!("bad dimension list {s:?}: {e}"));
         }
         if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {

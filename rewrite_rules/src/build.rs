@@ -14,7 +14,8 @@ pub fn to_egraph(trace: &Trace) -> Result<(TensorGraph, Vec<Id>)> {
     let mut classes = Vec::with_capacity(trace.nodes.len());
     for (i, node) in trace.nodes.iter().enumerate() {
         let (kind, attrs) = NodeKind::from_op(&node.op);
-        let mut children: SmallVec<[Id; 4]> = node.inputs.iter().map(|&input| classes[input]).collect();
+        let mut children: SmallVec<[Id; 4]> =
+            node.inputs.iter().map(|&input| classes[input]).collect();
         children.extend(attrs.into_iter().map(|a| egraph.add(TensorNode::attr(a))));
         let id = egraph.add(TensorNode { kind, children });
         if egraph[id].data.meta.as_ref() != Some(&node.meta) {

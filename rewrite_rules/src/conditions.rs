@@ -43,4 +43,3 @@ pub fn attr_of(egraph: &TensorGraph, subst: &Subst, name: Var) -> Option<Attr> {
 pub fn meta_of(egraph: &TensorGraph, subst: &Subst, name: Var) -> Option<Meta> {
     egraph[*subst.get(name)?].data.meta.clone()
 }
-

@@ -48,14 +48,17 @@ impl<'a> BytesMoved<'a> {
     /// What the node itself costs, its inputs not included.
     pub fn node_cost(&self, node: &TensorNode) -> f64 {
         let Some(out) = node_meta(self.egraph, node) else { return 0.0 };
-        let inputs: Vec<_> = node.inputs().iter().filter_map(|&c| self.egraph[c].data.meta.as_ref()).collect();
+        let inputs: Vec<_> =
+            node.inputs().iter().filter_map(|&c| self.egraph[c].data.meta.as_ref()).collect();
         let elems = out.numel() as f64;
         let read: f64 = inputs.iter().map(|m| m.size_in_bytes() as f64).sum();
         let write = out.size_in_bytes() as f64;
         use NodeKind::*;
         match node.kind {
             Attr(_) | Parameter | Full => 0.0,
-            Arange | Rand | Randn | Unary(_) | Binary(_) | Where | Cast => PER_OP + ELEMENT_OP * elems,
+            Arange | Rand | Randn | Unary(_) | Binary(_) | Where | Cast => {
+                PER_OP + ELEMENT_OP * elems
+            }
             Reduce(_) | ArgReduce(_) => {
                 let in_elems = inputs.first().map_or(0.0, |m| m.numel() as f64);
                 PER_OP + read + write + ELEMENT_OP * in_elems

@@ -50,11 +50,16 @@ impl<'a> DagExtractor<'a> {
     pub fn new(egraph: &'a TensorGraph, node_cost: impl Fn(&TensorNode) -> f64) -> Self {
         let mut classes: Vec<Id> = egraph.classes().map(|c| c.id).collect();
         classes.sort_unstable();
-        let index: HashMap<Id, usize> = classes.iter().enumerate().map(|(i, &id)| (id, i)).collect();
-        let locals = classes.iter().map(|&c| egraph[c].nodes.iter().map(&node_cost).collect()).collect();
-        let class_indices = |n: &TensorNode| n.children().iter().map(|&k| index[&egraph.find(k)]).collect();
-        let children = classes.iter().map(|&c| egraph[c].nodes.iter().map(class_indices).collect()).collect();
-        let mut extractor = DagExtractor { egraph, index, classes, locals, children, choice: Vec::new() };
+        let index: HashMap<Id, usize> =
+            classes.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let locals =
+            classes.iter().map(|&c| egraph[c].nodes.iter().map(&node_cost).collect()).collect();
+        let class_indices =
+            |n: &TensorNode| n.children().iter().map(|&k| index[&egraph.find(k)]).collect();
+        let children =
+            classes.iter().map(|&c| egraph[c].nodes.iter().map(class_indices).collect()).collect();
+        let mut extractor =
+            DagExtractor { egraph, index, classes, locals, children, choice: Vec::new() };
         extractor.choice = extractor.greedy();
         extractor
     }
@@ -113,9 +118,9 @@ impl<'a> DagExtractor<'a> {
                 }
             }
             let Some(new) = candidate else { continue };
-            let changed = best[ci]
-                .as_ref()
-                .is_none_or(|old| old.node != new.node || old.reach != new.reach || old.cost != new.cost);
+            let changed = best[ci].as_ref().is_none_or(|old| {
+                old.node != new.node || old.reach != new.reach || old.cost != new.cost
+            });
             if changed {
                 best[ci] = Some(new);
                 for &p in &parents[ci] {
@@ -133,7 +138,10 @@ impl<'a> DagExtractor<'a> {
     /// of every class they reach, keeping a switch when the total cost drops.
     /// `work` bounds the classes visited while evaluating, in all.
     pub fn refine(&mut self, roots: &[Id], mut work: usize) {
-        let Some(roots) = roots.iter().map(|&r| self.class_index(r)).collect::<Option<Vec<_>>>() else { return };
+        let Some(roots) = roots.iter().map(|&r| self.class_index(r)).collect::<Option<Vec<_>>>()
+        else {
+            return;
+        };
         let Some((mut current, _)) = self.walk(&roots) else { return };
         let mut improved = true;
         while improved {
@@ -145,7 +153,9 @@ impl<'a> DagExtractor<'a> {
                         return;
                     }
                     let old = self.choice[c];
-                    if old == Some(ni) || self.children[c][ni].iter().any(|&k| self.choice[k].is_none()) {
+                    if old == Some(ni)
+                        || self.children[c][ni].iter().any(|&k| self.choice[k].is_none())
+                    {
                         continue;
                     }
                     self.choice[c] = Some(ni);
@@ -156,7 +166,9 @@ impl<'a> DagExtractor<'a> {
                             improved = true;
                         }
                         other => {
-                            work = work.saturating_sub(other.map_or(self.classes.len(), |(_, seen)| seen.len()));
+                            work = work.saturating_sub(
+                                other.map_or(self.classes.len(), |(_, seen)| seen.len()),
+                            );
                             self.choice[c] = old;
                         }
                     }
@@ -183,7 +195,12 @@ impl<'a> DagExtractor<'a> {
                 (_, false) => {
                     state[c] = OPEN;
                     stack.push((c, true));
-                    stack.extend(self.children[c][node].iter().filter(|&&k| state[k] != DONE).map(|&k| (k, false)));
+                    stack.extend(
+                        self.children[c][node]
+                            .iter()
+                            .filter(|&&k| state[k] != DONE)
+                            .map(|&k| (k, false)),
+                    );
                 }
                 (_, true) => {
                     state[c] = DONE;

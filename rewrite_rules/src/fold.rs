@@ -83,7 +83,8 @@ impl Applier<TensorNode, TensorAnalysis> for FoldConstant {
             return vec![]; // already folded
         }
         let Some(out) = egraph[eclass].data.meta.clone() else { return vec![] };
-        let args: Option<Vec<f64>> = self.args.iter().map(|&v| egraph[subst[v]].data.constant).collect();
+        let args: Option<Vec<f64>> =
+            self.args.iter().map(|&v| egraph[subst[v]].data.constant).collect();
         let Some(args) = args else { return vec![] };
         let value = match self.fold {
             Fold::Cast => {
@@ -111,7 +112,8 @@ pub fn rules() -> Vec<TensorRewrite> {
     use BinaryOp::*;
     use UnaryOp::*;
     let unary = [Neg, Abs, Sqrt, Reciprocal, Floor].map(|k| (k.name(), Fold::Unary(k), "(_ ?a)"));
-    let binary = [Add, Sub, Mul, Div, Maximum, Minimum].map(|k| (k.name(), Fold::Binary(k), "(_ ?a ?b)"));
+    let binary =
+        [Add, Sub, Mul, Div, Maximum, Minimum].map(|k| (k.name(), Fold::Binary(k), "(_ ?a ?b)"));
     let cast = [("cast", Fold::Cast, "(_ ?a ?to)")];
     let all = unary.into_iter().chain(binary).chain(cast);
     all.map(|(name, fold, shape)| {

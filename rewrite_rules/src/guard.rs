@@ -46,7 +46,11 @@ pub fn checked(rhs: &str) -> SameMeta {
 }
 
 /// The meta the instantiation of `ast` under `subst` would have, without adding it.
-fn instantiated_meta(egraph: &TensorGraph, ast: &PatternAst<TensorNode>, subst: &Subst) -> Option<Meta> {
+fn instantiated_meta(
+    egraph: &TensorGraph,
+    ast: &PatternAst<TensorNode>,
+    subst: &Subst,
+) -> Option<Meta> {
     // Per pattern node: its attribute, or its meta.
     let mut infos: Vec<(Option<Attr>, Option<Meta>)> = Vec::with_capacity(ast.as_ref().len());
     for node in ast.as_ref() {
@@ -58,7 +62,11 @@ fn instantiated_meta(egraph: &TensorGraph, ast: &PatternAst<TensorNode>, subst: 
             ENodeOrVar::ENode(n) => match n.as_attr() {
                 Some(a) => (Some(a.clone()), None),
                 None => {
-                    let meta = infer_node(n, |c| infos[usize::from(c)].0.clone(), |c| infos[usize::from(c)].1.clone());
+                    let meta = infer_node(
+                        n,
+                        |c| infos[usize::from(c)].0.clone(),
+                        |c| infos[usize::from(c)].1.clone(),
+                    );
                     (None, Some(meta?))
                 }
             },
@@ -92,8 +100,15 @@ impl Applier<TensorNode, TensorAnalysis> for SameMeta {
 /// Adds `op` over the classes `inputs` and merges it into `eclass`, if it
 /// infers `eclass`'s meta; for appliers that compute attributes (a composed
 /// permutation, a folded value). Returns the class when something changed.
-pub fn union_op(egraph: &mut TensorGraph, eclass: Id, op: &Op, inputs: &[Id], rule_name: Symbol) -> Vec<Id> {
-    let metas: Option<SmallVec<[&Meta; 3]>> = inputs.iter().map(|&i| egraph[i].data.meta.as_ref()).collect();
+pub fn union_op(
+    egraph: &mut TensorGraph,
+    eclass: Id,
+    op: &Op,
+    inputs: &[Id],
+    rule_name: Symbol,
+) -> Vec<Id> {
+    let metas: Option<SmallVec<[&Meta; 3]>> =
+        inputs.iter().map(|&i| egraph[i].data.meta.as_ref()).collect();
     let fits = match (metas, &egraph[eclass].data.meta) {
         (Some(metas), Some(want)) => infer(op, &metas).ok().as_ref() == Some(want),
         _ => false,

@@ -101,7 +101,8 @@ impl NodeKind {
         use NodeKind::*;
         match self {
             Attr(_) | Unary(_) | Binary(_) | Where | MatMul => 0,
-            Cast | Expand | Reshape | Permute | Concat | Softmax | LogSoftmax | LayerNorm | RmsNorm => 1,
+            Cast | Expand | Reshape | Permute | Concat | Softmax | LogSoftmax | LayerNorm
+            | RmsNorm => 1,
             Reduce(_) | ArgReduce(_) => 2,
             Parameter | Full | Rand | Randn => 3,
             Arange | Slice => 4,
@@ -113,9 +114,8 @@ impl NodeKind {
         use NodeKind::*;
         match self {
             Attr(_) | Parameter | Full | Arange | Rand | Randn => Some(0),
-            Unary(_) | Cast | Reduce(_) | ArgReduce(_) | Expand | Reshape | Permute | Slice | Softmax | LogSoftmax => {
-                Some(1)
-            }
+            Unary(_) | Cast | Reduce(_) | ArgReduce(_) | Expand | Reshape | Permute | Slice
+            | Softmax | LogSoftmax => Some(1),
             Binary(_) | MatMul | LayerNorm | RmsNorm => Some(2),
             Where => Some(3),
             Concat => None,
@@ -155,11 +155,28 @@ impl NodeKind {
     /// The kind a pattern names, or an attribute leaf.
     fn parse(name: &str) -> Option<NodeKind> {
         use NodeKind::*;
-        const REDUCES: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
+        const REDUCES: [ReduceOp; 5] =
+            [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
         let fixed = [
-            Parameter, Full, Arange, Rand, Randn, Where, Cast, ArgReduce(ArgReduceOp::Argmax),
-            ArgReduce(ArgReduceOp::Argmin), Expand, Reshape, Permute, Slice, Concat, MatMul, Softmax, LogSoftmax,
-            LayerNorm, RmsNorm,
+            Parameter,
+            Full,
+            Arange,
+            Rand,
+            Randn,
+            Where,
+            Cast,
+            ArgReduce(ArgReduceOp::Argmax),
+            ArgReduce(ArgReduceOp::Argmin),
+            Expand,
+            Reshape,
+            Permute,
+            Slice,
+            Concat,
+            MatMul,
+            Softmax,
+            LogSoftmax,
+            LayerNorm,
+            RmsNorm,
         ];
         let all = fixed
             .into_iter()
@@ -192,14 +209,20 @@ impl NodeKind {
             return None;
         }
         let random = |dist| match attrs.first() {
-            Some(A::Int(seed)) => Some(Op::Random { seed: *seed, dist, shape: dims(1)?, dtype: dtype(2)? }),
+            Some(A::Int(seed)) => {
+                Some(Op::Random { seed: *seed, dist, shape: dims(1)?, dtype: dtype(2)? })
+            }
             _ => None,
         };
         Some(match self {
             NodeKind::Attr(_) => return None,
-            NodeKind::Parameter => Op::Parameter { index: int(0)?, shape: dims(1)?, dtype: dtype(2)? },
+            NodeKind::Parameter => {
+                Op::Parameter { index: int(0)?, shape: dims(1)?, dtype: dtype(2)? }
+            }
             NodeKind::Full => Op::Full { value: lit(0)?, shape: dims(1)?, dtype: dtype(2)? },
-            NodeKind::Arange => Op::Arange { start: lit(0)?, step: lit(1)?, len: int(2)?, dtype: dtype(3)? },
+            NodeKind::Arange => {
+                Op::Arange { start: lit(0)?, step: lit(1)?, len: int(2)?, dtype: dtype(3)? }
+            }
             NodeKind::Rand => random(Distribution::Uniform)?,
             NodeKind::Randn => random(Distribution::Normal)?,
             NodeKind::Unary(kind) => Op::Unary { kind: *kind },
@@ -207,11 +230,15 @@ impl NodeKind {
             NodeKind::Where => Op::Where,
             NodeKind::Cast => Op::Cast { to: dtype(0)? },
             NodeKind::Reduce(kind) => Op::Reduce { kind: *kind, axes: dims(0)?, keepdim: flag(1)? },
-            NodeKind::ArgReduce(kind) => Op::ArgReduce { kind: *kind, axis: int(0)?, keepdim: flag(1)? },
+            NodeKind::ArgReduce(kind) => {
+                Op::ArgReduce { kind: *kind, axis: int(0)?, keepdim: flag(1)? }
+            }
             NodeKind::Expand => Op::Expand { shape: dims(0)? },
             NodeKind::Reshape => Op::Reshape { shape: dims(0)? },
             NodeKind::Permute => Op::Permute { perm: dims(0)? },
-            NodeKind::Slice => Op::Slice { axis: int(0)?, start: int(1)?, stop: int(2)?, step: int(3)? },
+            NodeKind::Slice => {
+                Op::Slice { axis: int(0)?, start: int(1)?, stop: int(2)?, step: int(3)? }
+            }
             NodeKind::Concat => Op::Concat { axis: int(0)? },
             NodeKind::MatMul => Op::MatMul,
             NodeKind::Softmax | NodeKind::LogSoftmax => {
@@ -220,7 +247,11 @@ impl NodeKind {
                     [axis] => *axis,
                     _ => return None,
                 };
-                if *self == NodeKind::Softmax { Op::Softmax { axis } } else { Op::LogSoftmax { axis } }
+                if *self == NodeKind::Softmax {
+                    Op::Softmax { axis }
+                } else {
+                    Op::LogSoftmax { axis }
+                }
             }
             NodeKind::LayerNorm => Op::LayerNorm { axes: dims(0)? },
             NodeKind::RmsNorm => Op::RmsNorm { axes: dims(0)? },
@@ -235,19 +266,25 @@ impl NodeKind {
             Op::Parameter { index, shape: s, dtype } => {
                 (NodeKind::Parameter, vec![A::int(*index), shape(s), A::DType(*dtype)])
             }
-            Op::Full { value, shape: s, dtype } => (NodeKind::Full, vec![A::lit(*value), shape(s), A::DType(*dtype)]),
-            Op::Arange { start, step, len, dtype } => {
-                (NodeKind::Arange, vec![A::lit(*start), A::lit(*step), A::int(*len), A::DType(*dtype)])
+            Op::Full { value, shape: s, dtype } => {
+                (NodeKind::Full, vec![A::lit(*value), shape(s), A::DType(*dtype)])
             }
+            Op::Arange { start, step, len, dtype } => (
+                NodeKind::Arange,
+                vec![A::lit(*start), A::lit(*step), A::int(*len), A::DType(*dtype)],
+            ),
             Op::Random { seed, dist, shape: s, dtype } => {
-                let kind = if *dist == Distribution::Uniform { NodeKind::Rand } else { NodeKind::Randn };
+                let kind =
+                    if *dist == Distribution::Uniform { NodeKind::Rand } else { NodeKind::Randn };
                 (kind, vec![A::Int(*seed), shape(s), A::DType(*dtype)])
             }
             Op::Unary { kind } => (NodeKind::Unary(*kind), vec![]),
             Op::Binary { kind } => (NodeKind::Binary(*kind), vec![]),
             Op::Where => (NodeKind::Where, vec![]),
             Op::Cast { to } => (NodeKind::Cast, vec![A::DType(*to)]),
-            Op::Reduce { kind, axes, keepdim } => (NodeKind::Reduce(*kind), vec![shape(axes), A::Flag(*keepdim)]),
+            Op::Reduce { kind, axes, keepdim } => {
+                (NodeKind::Reduce(*kind), vec![shape(axes), A::Flag(*keepdim)])
+            }
             Op::ArgReduce { kind, axis, keepdim } => {
                 (NodeKind::ArgReduce(*kind), vec![A::int(*axis), A::Flag(*keepdim)])
             }
@@ -259,8 +296,12 @@ impl NodeKind {
             }
             Op::Concat { axis } => (NodeKind::Concat, vec![A::int(*axis)]),
             Op::MatMul => (NodeKind::MatMul, vec![]),
-            Op::Softmax { axis } => (NodeKind::Softmax, vec![A::Dims([*axis].into_iter().collect())]),
-            Op::LogSoftmax { axis } => (NodeKind::LogSoftmax, vec![A::Dims([*axis].into_iter().collect())]),
+            Op::Softmax { axis } => {
+                (NodeKind::Softmax, vec![A::Dims([*axis].into_iter().collect())])
+            }
+            Op::LogSoftmax { axis } => {
+                (NodeKind::LogSoftmax, vec![A::Dims([*axis].into_iter().collect())])
+            }
             Op::LayerNorm { axes } => (NodeKind::LayerNorm, vec![shape(axes)]),
             Op::RmsNorm { axes } => (NodeKind::RmsNorm, vec![shape(axes)]),
         }
@@ -380,7 +421,12 @@ mod tests {
             Op::Parameter { index: 4, shape: s.clone(), dtype: DType::F16 },
             Op::Full { value: -0.0, shape: s.clone(), dtype: DType::F32 },
             Op::Arange { start: 1.0, step: 0.5, len: 4, dtype: DType::F32 },
-            Op::Random { seed: 9, dist: Distribution::Normal, shape: s.clone(), dtype: DType::BF16 },
+            Op::Random {
+                seed: 9,
+                dist: Distribution::Normal,
+                shape: s.clone(),
+                dtype: DType::BF16,
+            },
             Op::Unary { kind: UnaryOp::Silu },
             Op::Binary { kind: BinaryOp::Pow },
             Op::Where,

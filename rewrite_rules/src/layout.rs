@@ -21,9 +21,9 @@ use crate::{Attr, TensorAnalysis, TensorGraph, TensorNode};
 
 fn is_identity_perm(name: &str) -> Check {
     let p = var(name);
-    Box::new(move |egraph, _, subst| {
-        matches!(attr_of(egraph, subst, p), Some(Attr::Dims(perm)) if perm.iter().enumerate().all(|(i, &a)| i == a))
-    })
+    Box::new(
+        move |egraph, _, subst| matches!(attr_of(egraph, subst, p), Some(Attr::Dims(perm)) if perm.iter().enumerate().all(|(i, &a)| i == a)),
+    )
 }
 
 /// Applies `permute-permute`: the composed permutation is computed, not matched.
@@ -50,7 +50,9 @@ impl Applier<TensorNode, TensorAnalysis> for ComposePermutes {
         };
         let composed: Option<Axes> = q.iter().map(|&j| p.get(j).copied()).collect();
         match composed {
-            Some(perm) => union_op(egraph, eclass, &Op::Permute { perm }, &[subst[self.x]], rule_name),
+            Some(perm) => {
+                union_op(egraph, eclass, &Op::Permute { perm }, &[subst[self.x]], rule_name)
+            }
             None => vec![],
         }
     }

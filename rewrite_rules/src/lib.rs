@@ -70,4 +70,7 @@ pub use rule_sets::RuleSets;
 pub mod planner;
 pub mod program;
 pub use planner::{plan, PlanConfig, Rounding};
-pub use program::{Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Store, View};
+pub use program::{
+    Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Store,
+    View,
+};

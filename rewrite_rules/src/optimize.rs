@@ -8,7 +8,9 @@ use egg::{Extractor, Id, Runner, StopReason};
 use trace_ir::{Error, NodeId, Result, Trace};
 
 use crate::cost::{BytesMoved, TreeCost};
-use crate::{build, rebuild, DagExtractor, NodeKind, RuleSets, TensorAnalysis, TensorGraph, TensorNode};
+use crate::{
+    build, rebuild, DagExtractor, NodeKind, RuleSets, TensorAnalysis, TensorGraph, TensorNode,
+};
 
 /// The bounds of one rewrite run, and which rule sets it uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,11 +130,12 @@ fn optimize_valid(trace: &Trace, config: &RewriteConfig) -> Result<Optimized> {
     let model = BytesMoved::new(egraph);
     let mut dag = DagExtractor::new(egraph, |n| model.node_cost(n));
     dag.refine(&outputs, REFINE_WORK);
-    let extracted = rebuild::to_trace(egraph, trace, &classes, &outputs, |c| dag.choice(c)).or_else(|_| {
-        // The greedy DAG choice can, rarely, be cyclic; a tree choice never is.
-        let tree = Extractor::new(egraph, TreeCost(|n: &TensorNode| model.node_cost(n)));
-        rebuild::to_trace(egraph, trace, &classes, &outputs, |c| Some(tree.find_best_node(c)))
-    })?;
+    let extracted = rebuild::to_trace(egraph, trace, &classes, &outputs, |c| dag.choice(c))
+        .or_else(|_| {
+            // The greedy DAG choice can, rarely, be cyclic; a tree choice never is.
+            let tree = Extractor::new(egraph, TreeCost(|n: &TensorNode| model.node_cost(n)));
+            rebuild::to_trace(egraph, trace, &classes, &outputs, |c| Some(tree.find_best_node(c)))
+        })?;
     check_contract(trace, &extracted)?;
     // Extraction is a heuristic: never hand back something the model says is worse.
     let (trace_out, cost_after) = match trace_cost(&extracted) {
@@ -146,7 +149,10 @@ fn optimize_valid(trace: &Trace, config: &RewriteConfig) -> Result<Optimized> {
         trace: trace_out,
         report: RewriteReport {
             rules_fired,
-            stop_reason: runner.stop_reason.as_ref().map_or_else(|| "saturated".into(), stop_reason_name),
+            stop_reason: runner
+                .stop_reason
+                .as_ref()
+                .map_or_else(|| "saturated".into(), stop_reason_name),
             iterations: runner.iterations.len().min(config.iter_limit),
             egraph_nodes: egraph.total_number_of_nodes(),
             egraph_classes: egraph.number_of_classes(),
@@ -172,7 +178,10 @@ fn origins(egraph: &TensorGraph, classes: &[Id], extracted: &Trace) -> Vec<Vec<N
         let children: Option<smallvec::SmallVec<[Id; 4]>> = inputs.chain(attrs).collect();
         built.push(children.and_then(|children| egraph.lookup(TensorNode { kind, children })));
     }
-    built.iter().map(|c| c.and_then(|c| members.get(&egraph.find(c)).cloned()).unwrap_or_default()).collect()
+    built
+        .iter()
+        .map(|c| c.and_then(|c| members.get(&egraph.find(c)).cloned()).unwrap_or_default())
+        .collect()
 }
 
 /// The cost of a trace under [`BytesMoved`], each distinct value paid once.
@@ -184,13 +193,15 @@ pub fn trace_cost(trace: &Trace) -> Option<f64> {
 
 /// What the engine relies on: a valid trace with the same outputs and parameters.
 fn check_contract(before: &Trace, after: &Trace) -> Result<()> {
-    let broken = |what: &str| Err(Error::backend("rewrite_rules", format!("optimized trace has {what}")));
+    let broken =
+        |what: &str| Err(Error::backend("rewrite_rules", format!("optimized trace has {what}")));
     after.validate()?;
     let metas = |t: &Trace| t.outputs.iter().map(|&o| t.meta(o).clone()).collect::<Vec<_>>();
     if metas(before) != metas(after) {
         return broken("different output metas");
     }
-    let params = |t: &Trace| t.parameters().into_iter().map(|p| t.nodes[p].op.clone()).collect::<Vec<_>>();
+    let params =
+        |t: &Trace| t.parameters().into_iter().map(|p| t.nodes[p].op.clone()).collect::<Vec<_>>();
     if params(before) != params(after) {
         return broken("different parameters");
     }

@@ -36,7 +36,8 @@ const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 /// The GELU alternatives, `cube` being the spelling of `x^3`.
 fn gelu_spellings(cubes: &[&str]) -> Vec<String> {
-    let mut inner: Vec<String> = cubes.iter().map(|c| format!("(mul ?c (add ?x (mul ?k {c})))")).collect();
+    let mut inner: Vec<String> =
+        cubes.iter().map(|c| format!("(mul ?c (add ?x (mul ?k {c})))")).collect();
     if cubes.len() > 1 {
         // HF's FastGELU: `x * c * (1 + k * x * x)`.
         inner.push("(mul (mul ?x ?c) (add ?one (mul (mul ?k ?x) ?x)))".into());
@@ -58,7 +59,12 @@ pub fn rules() -> Vec<TensorRewrite> {
     let centered = "(sub ?x (mean ?x ?axes true))";
     let var = format!("(mean (mul {centered} {centered}) ?axes true)");
     let gelu_constants = || {
-        all(vec![near("?half", 0.5), near("?one", 1.0), near("?c", SQRT_2_OVER_PI), near("?k", 0.044715)])
+        all(vec![
+            near("?half", 0.5),
+            near("?one", 1.0),
+            near("?c", SQRT_2_OVER_PI),
+            near("?k", 0.044715),
+        ])
     };
     vec![
         rewrite!("softmax"; { any_of([format!("(div (exp {shifted}) {sum_exp})")]) }

@@ -63,8 +63,8 @@ use trace_ir::shape::numel;
 use trace_ir::{BinaryOp, DType, Error, NodeId, Op, ReduceOp, Result, Shape, Trace, UnaryOp};
 
 use crate::program::{
-    fold_layout, live_nodes, row_major, Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel,
-    Program, Reg, Store, View, PROGRAM_FORMAT_VERSION,
+    fold_layout, live_nodes, row_major, Cut, CutReason, Frame, Instr, Kernel, KernelKind,
+    LoopKernel, MatMulKernel, Program, Reg, Store, View, PROGRAM_FORMAT_VERSION,
 };
 
 /// The most elementwise ops a node's inline closure may have for it to be
@@ -265,10 +265,16 @@ impl<'a> Planner<'a> {
             Op::Binary { .. } if float_or_bool(in_dt(0)) => Class::Elem,
             Op::Cast { to } if float_or_bool(*to) => Class::Elem,
             Op::Expand { .. } if float_or_bool(dt) => Class::Expand,
-            Op::Reshape { .. } | Op::Permute { .. } | Op::Slice { .. } if float_or_bool(dt) => Class::View,
+            Op::Reshape { .. } | Op::Permute { .. } | Op::Slice { .. } if float_or_bool(dt) => {
+                Class::View
+            }
             Op::Reduce { axes, .. } if dt.is_float() && trailing(axes, in_rank(0)) => Class::Reduce,
-            Op::Softmax { axis } | Op::LogSoftmax { axis } if trailing(&[*axis], in_rank(0)) => Class::RowOp,
-            Op::LayerNorm { axes } | Op::RmsNorm { axes } if trailing(axes, in_rank(0)) => Class::RowOp,
+            Op::Softmax { axis } | Op::LogSoftmax { axis } if trailing(&[*axis], in_rank(0)) => {
+                Class::RowOp
+            }
+            Op::LayerNorm { axes } | Op::RmsNorm { axes } if trailing(axes, in_rank(0)) => {
+                Class::RowOp
+            }
             Op::MatMul => Class::MatMul,
             _ => Class::Single,
         }
@@ -319,7 +325,10 @@ impl<'a> Planner<'a> {
                     }
                     let after = self.realized.iter().filter(|r| r.is_some()).count();
                     if after == before {
-                        return Err(Error::backend("planner", "internal: planning made no progress"));
+                        return Err(Error::backend(
+                            "planner",
+                            "internal: planning made no progress",
+                        ));
                     }
                 }
             }
@@ -386,7 +395,17 @@ impl<'a> Planner<'a> {
                 return false;
             }
             for &i in &self.t.nodes[m].inputs {
-                if !self.is_realized(i) && matches!(self.class[i], Class::Elem | Class::Expand | Class::Literal | Class::Reduce | Class::RowOp | Class::MatMul) {
+                if !self.is_realized(i)
+                    && matches!(
+                        self.class[i],
+                        Class::Elem
+                            | Class::Expand
+                            | Class::Literal
+                            | Class::Reduce
+                            | Class::RowOp
+                            | Class::MatMul
+                    )
+                {
                     stack.push(i);
                 }
             }
@@ -419,7 +438,10 @@ impl<'a> Planner<'a> {
     }
 
     /// The views of a product's operands over realized buffers.
-    fn matmul_operands(&self, mm: NodeId) -> std::result::Result<[(NodeId, View, Vec<NodeId>); 2], Violations> {
+    fn matmul_operands(
+        &self,
+        mm: NodeId,
+    ) -> std::result::Result<[(NodeId, View, Vec<NodeId>); 2], Violations> {
         let ins = &self.t.nodes[mm].inputs;
         let a = self.compose(ins[0], CutReason::MatMulBoundary);
         let b = self.compose(ins[1], CutReason::MatMulBoundary);
@@ -431,7 +453,11 @@ impl<'a> Planner<'a> {
 
     /// Folds the chain of unrealized views above a realized buffer into one
     /// strided view: `(base, view, folded view nodes)`.
-    fn compose(&self, u: NodeId, reason: CutReason) -> std::result::Result<(NodeId, View, Vec<NodeId>), (NodeId, CutReason)> {
+    fn compose(
+        &self,
+        u: NodeId,
+        reason: CutReason,
+    ) -> std::result::Result<(NodeId, View, Vec<NodeId>), (NodeId, CutReason)> {
         let mut chain = Vec::new();
         let mut cur = u;
         while !self.is_realized(cur) && matches!(self.class[cur], Class::View | Class::Expand) {
@@ -449,9 +475,14 @@ impl<'a> Planner<'a> {
             // A reshape that does not fold cuts below itself; any other step at itself.
             let at = chain.len() - 1 - i;
             let below = if i == 0 { base } else { chain[at + 1] };
-            (if matches!(steps[i], Op::Reshape { .. }) { below } else { chain[at] }, CutReason::ShapeChange)
+            (
+                if matches!(steps[i], Op::Reshape { .. }) { below } else { chain[at] },
+                CutReason::ShapeChange,
+            )
         })?;
-        let view = if chain.is_empty() || (shape == base_shape && offset == 0 && strides == row_major(&shape)) {
+        let view = if chain.is_empty()
+            || (shape == base_shape && offset == 0 && strides == row_major(&shape))
+        {
             View::Direct
         } else if shape.len() >= 2 && shape.len() == base_shape.len() && offset == 0 && {
             let r = shape.len();
@@ -502,7 +533,9 @@ impl<'a> Planner<'a> {
                     continue;
                 }
                 match self.class[u] {
-                    Class::Literal | Class::Elem | Class::Expand | Class::Reduce | Class::RowOp => stack.push(u),
+                    Class::Literal | Class::Elem | Class::Expand | Class::Reduce | Class::RowOp => {
+                        stack.push(u)
+                    }
                     Class::View => match self.compose(u, CutReason::ShapeChange) {
                         Ok((base, _, chain)) => {
                             reads.insert(base);
@@ -518,7 +551,9 @@ impl<'a> Planner<'a> {
                             stack.push(u);
                         }
                     }
-                    Class::Param | Class::Single => v.push((u, CutReason::NotFusible { op: t.nodes[n].op.name().into() })),
+                    Class::Param | Class::Single => {
+                        v.push((u, CutReason::NotFusible { op: t.nodes[n].op.name().into() }))
+                    }
                 }
             }
         }
@@ -532,11 +567,17 @@ impl<'a> Planner<'a> {
             return Err(vec![(r, CutReason::ShapeChange)]);
         }
         // The iteration space: set by the reduction nearest the outputs.
-        let reds: Vec<NodeId> =
-            members.iter().rev().copied().filter(|&m| matches!(self.class[m], Class::Reduce | Class::RowOp)).collect();
+        let reds: Vec<NodeId> = members
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&m| matches!(self.class[m], Class::Reduce | Class::RowOp))
+            .collect();
         let red_axes = |m: NodeId| -> usize {
             match &t.nodes[m].op {
-                Op::Reduce { axes, .. } | Op::LayerNorm { axes } | Op::RmsNorm { axes } => axes.len(),
+                Op::Reduce { axes, .. } | Op::LayerNorm { axes } | Op::RmsNorm { axes } => {
+                    axes.len()
+                }
                 _ => 1,
             }
         };
@@ -555,7 +596,11 @@ impl<'a> Planner<'a> {
         } else if let Some(m) = mm {
             (self.shape(m).clone(), 0)
         } else {
-            let big = roots.iter().copied().max_by_key(|&r| (self.shape(r).len(), numel(self.shape(r)))).unwrap_or(roots[0]);
+            let big = roots
+                .iter()
+                .copied()
+                .max_by_key(|&r| (self.shape(r).len(), numel(self.shape(r))))
+                .unwrap_or(roots[0]);
             (self.shape(big).clone(), 0)
         };
         if !v.is_empty() {
@@ -610,7 +655,10 @@ impl<'a> Planner<'a> {
                         _ => resolved.get(u).copied().unwrap_or(Frame::Elem),
                     })
                     .collect();
-                if !roots.contains(&m) && !readers.is_empty() && readers.iter().all(|&f| f == Frame::Row) {
+                if !roots.contains(&m)
+                    && !readers.is_empty()
+                    && readers.iter().all(|&f| f == Frame::Row)
+                {
                     Frame::Row
                 } else {
                     Frame::Elem
@@ -624,8 +672,13 @@ impl<'a> Planner<'a> {
                 continue;
             }
             if !fits(self.shape(m), resolved[&m], &shape, k) {
-                let inner: Vec<NodeId> = t.nodes[m].inputs.iter().copied().filter(|i| members.contains(i)).collect();
-                let why = if reds.is_empty() { CutReason::ShapeChange } else { CutReason::ReductionBoundary };
+                let inner: Vec<NodeId> =
+                    t.nodes[m].inputs.iter().copied().filter(|i| members.contains(i)).collect();
+                let why = if reds.is_empty() {
+                    CutReason::ShapeChange
+                } else {
+                    CutReason::ReductionBoundary
+                };
                 if inner.is_empty() {
                     v.push((m, why));
                 } else {
@@ -637,7 +690,10 @@ impl<'a> Planner<'a> {
         for &m in &members {
             if matches!(self.class[m], Class::Elem | Class::Expand) {
                 for &i in &t.nodes[m].inputs {
-                    if members.contains(&i) && numel(self.shape(i)) != 1 && resolved[&i] != resolved[&m] {
+                    if members.contains(&i)
+                        && numel(self.shape(i)) != 1
+                        && resolved[&i] != resolved[&m]
+                    {
                         v.push((i, CutReason::ShapeChange));
                     }
                 }
@@ -675,7 +731,10 @@ impl<'a> Planner<'a> {
             let pick = members
                 .iter()
                 .copied()
-                .filter(|m| !roots.contains(m) && matches!(self.class[*m], Class::Elem | Class::Reduce | Class::RowOp))
+                .filter(|m| {
+                    !roots.contains(m)
+                        && matches!(self.class[*m], Class::Elem | Class::Reduce | Class::RowOp)
+                })
                 .min_by_key(|&m| self.closure_ops(m, &members).abs_diff(half));
             if let Some(p) = pick {
                 return Err(vec![(p, CutReason::Limit)]);
@@ -699,7 +758,8 @@ impl<'a> Planner<'a> {
         let mut stack = vec![n];
         while let Some(m) = stack.pop() {
             if seen.insert(m) {
-                stack.extend(self.t.nodes[m].inputs.iter().copied().filter(|i| members.contains(i)));
+                stack
+                    .extend(self.t.nodes[m].inputs.iter().copied().filter(|i| members.contains(i)));
             }
         }
         seen.len()
@@ -768,7 +828,10 @@ impl<'a> Planner<'a> {
                         continue;
                     }
                     let Draft::Loop(lb) = &drafts[b] else { continue };
-                    if la.shape != lb.shape || (la.row_dims != lb.row_dims && la.row_dims != 0) || la.mm.is_some() {
+                    if la.shape != lb.shape
+                        || (la.row_dims != lb.row_dims && la.row_dims != 0)
+                        || la.mm.is_some()
+                    {
                         continue;
                     }
                     let vertical = succ[a].contains(&b);
@@ -779,11 +842,14 @@ impl<'a> Planner<'a> {
                     if !vertical && !horizontal {
                         continue;
                     }
-                    if Self::indirect_path(&succ, a, b) || (horizontal && Self::indirect_path(&succ, b, a)) {
+                    if Self::indirect_path(&succ, a, b)
+                        || (horizontal && Self::indirect_path(&succ, b, a))
+                    {
                         continue;
                     }
                     budget = budget.saturating_sub(1);
-                    let mut roots: Vec<NodeId> = la.roots.iter().chain(&lb.roots).copied().collect();
+                    let mut roots: Vec<NodeId> =
+                        la.roots.iter().chain(&lb.roots).copied().collect();
                     roots.sort_unstable();
                     roots.dedup();
                     let Ok(merged) = self.loop_draft(&roots) else { continue };
@@ -814,7 +880,8 @@ impl<'a> Planner<'a> {
             }
         }
         let key = |k: usize| drafts[k].roots().into_iter().max().unwrap_or(0);
-        let mut ready: BTreeSet<(NodeId, usize)> = (0..drafts.len()).filter(|&k| indeg[k] == 0).map(|k| (key(k), k)).collect();
+        let mut ready: BTreeSet<(NodeId, usize)> =
+            (0..drafts.len()).filter(|&k| indeg[k] == 0).map(|k| (key(k), k)).collect();
         let mut order = Vec::with_capacity(drafts.len());
         while let Some(first) = ready.pop_first() {
             let k = first.1;
@@ -827,7 +894,10 @@ impl<'a> Planner<'a> {
             }
         }
         if order.len() != drafts.len() {
-            return Err(Error::backend("planner", "internal: kernels depend on each other in a cycle"));
+            return Err(Error::backend(
+                "planner",
+                "internal: kernels depend on each other in a cycle",
+            ));
         }
         let mut kernels = Vec::with_capacity(drafts.len());
         let mut computed_in: Vec<Option<usize>> = vec![None; t.len()];
@@ -874,13 +944,20 @@ impl<'a> Planner<'a> {
                 nodes: vec![*n],
             }),
             Draft::MatMul(n) => {
-                let [a, b] = self.matmul_operands(*n).map_err(|_| Error::backend("planner", "internal: matmul operands"))?;
+                let [a, b] = self
+                    .matmul_operands(*n)
+                    .map_err(|_| Error::backend("planner", "internal: matmul operands"))?;
                 let mut nodes: Vec<NodeId> = a.2.iter().chain(&b.2).copied().collect();
                 nodes.push(*n);
                 nodes.sort_unstable();
                 nodes.dedup();
                 Ok(Kernel {
-                    kind: KernelKind::MatMul(MatMulKernel { lhs: a.1, rhs: b.1, shape: self.shape(*n).clone(), epilogue: None }),
+                    kind: KernelKind::MatMul(MatMulKernel {
+                        lhs: a.1,
+                        rhs: b.1,
+                        shape: self.shape(*n).clone(),
+                        epilogue: None,
+                    }),
                     inputs: vec![a.0, b.0],
                     outputs: vec![*n],
                     nodes,
@@ -892,12 +969,20 @@ impl<'a> Planner<'a> {
 
     fn emit_loop(&self, l: &LoopDraft) -> Result<Kernel> {
         let t = self.t;
-        let mut e =
-            Emitter { instrs: Vec::new(), inputs: Vec::new(), reserved: 0, loads: Vec::new(), regs: BTreeMap::new(), acc: None };
+        let mut e = Emitter {
+            instrs: Vec::new(),
+            inputs: Vec::new(),
+            reserved: 0,
+            loads: Vec::new(),
+            regs: BTreeMap::new(),
+            acc: None,
+        };
         let mut nodes: BTreeSet<NodeId> = l.members.iter().chain(&l.folded).copied().collect();
         let mut mm_kernel = None;
         if let Some(m) = l.mm {
-            let [a, b] = self.matmul_operands(m).map_err(|_| Error::backend("planner", "internal: matmul operands"))?;
+            let [a, b] = self
+                .matmul_operands(m)
+                .map_err(|_| Error::backend("planner", "internal: matmul operands"))?;
             e.inputs.push(a.0);
             e.inputs.push(b.0);
             e.reserved = 2;
@@ -917,7 +1002,9 @@ impl<'a> Planner<'a> {
                 }
             };
             let reg = match &node.op {
-                Op::Full { value, dtype, .. } => e.push(Instr::Literal { value: literal_value(*value, *dtype) }),
+                Op::Full { value, dtype, .. } => {
+                    e.push(Instr::Literal { value: literal_value(*value, *dtype) })
+                }
                 Op::MatMul => {
                     let r = e.push(Instr::Acc);
                     round(&mut e, r)
@@ -1004,7 +1091,12 @@ impl<'a> Planner<'a> {
                     let r = e.push(Instr::Binary { op: BinaryOp::Mul, a: x, b: rs });
                     round(&mut e, r)
                 }
-                other => return Err(Error::backend("planner", format!("internal: {} in a loop kernel", other.name()))),
+                other => {
+                    return Err(Error::backend(
+                        "planner",
+                        format!("internal: {} in a loop kernel", other.name()),
+                    ))
+                }
             };
             e.regs.insert(m, reg);
         }
@@ -1013,14 +1105,23 @@ impl<'a> Planner<'a> {
         for &r in &l.roots {
             let reg = match e.regs.get(&r) {
                 Some(&reg) => reg,
-                None => self.operand(&mut e, l, r, l.frames.get(&r).copied().unwrap_or(Frame::Elem)),
+                None => {
+                    self.operand(&mut e, l, r, l.frames.get(&r).copied().unwrap_or(Frame::Elem))
+                }
             };
-            stores.push(Store { reg, output: outputs.len(), frame: l.frames.get(&r).copied().unwrap_or(Frame::Elem) });
+            stores.push(Store {
+                reg,
+                output: outputs.len(),
+                frame: l.frames.get(&r).copied().unwrap_or(Frame::Elem),
+            });
             outputs.push(r);
         }
-        let body = LoopKernel { shape: l.shape.clone(), row_dims: l.row_dims, instrs: e.instrs, stores };
+        let body =
+            LoopKernel { shape: l.shape.clone(), row_dims: l.row_dims, instrs: e.instrs, stores };
         let kind = match mm_kernel {
-            Some((lhs, rhs, shape)) => KernelKind::MatMul(MatMulKernel { lhs, rhs, shape, epilogue: Some(body) }),
+            Some((lhs, rhs, shape)) => {
+                KernelKind::MatMul(MatMulKernel { lhs, rhs, shape, epilogue: Some(body) })
+            }
             None => KernelKind::Loop(body),
         };
         let _ = l.ops;

@@ -134,7 +134,10 @@ pub fn row_major(shape: &[usize]) -> SmallVec<[usize; 6]> {
 /// of shape `source`, or the index of the first step that is no strided
 /// window of what it reads (a reshape that merges or splits strided
 /// dimensions, or an op that is not a layout op).
-pub fn fold_layout(source: &[usize], steps: &[Op]) -> std::result::Result<(Shape, SmallVec<[usize; 6]>, usize), usize> {
+pub fn fold_layout(
+    source: &[usize],
+    steps: &[Op],
+) -> std::result::Result<(Shape, SmallVec<[usize; 6]>, usize), usize> {
     let mut shape: Shape = source.into();
     let mut strides = row_major(source);
     let mut offset = 0usize;
@@ -146,9 +149,13 @@ pub fn fold_layout(source: &[usize], steps: &[Op]) -> std::result::Result<(Shape
             Op::Expand { .. } => {
                 let lead = out.len() - shape.len();
                 let mut st: SmallVec<[usize; 6]> = SmallVec::from_elem(0, lead);
-                st.extend(
-                    strides.iter().enumerate().map(|(d, &s)| if shape[d] == 1 && out[lead + d] != 1 { 0 } else { s }),
-                );
+                st.extend(strides.iter().enumerate().map(|(d, &s)| {
+                    if shape[d] == 1 && out[lead + d] != 1 {
+                        0
+                    } else {
+                        s
+                    }
+                }));
                 strides = st;
             }
             Op::Slice { axis, start, step, .. } => {
@@ -160,14 +167,21 @@ pub fn fold_layout(source: &[usize], steps: &[Op]) -> std::result::Result<(Shape
                     strides = row_major(&out);
                 } else {
                     // Only size-1 dimensions may come and go.
-                    let kept: Vec<(usize, usize)> =
-                        shape.iter().zip(&strides).filter(|(d, _)| **d != 1).map(|(d, s)| (*d, *s)).collect();
+                    let kept: Vec<(usize, usize)> = shape
+                        .iter()
+                        .zip(&strides)
+                        .filter(|(d, _)| **d != 1)
+                        .map(|(d, s)| (*d, *s))
+                        .collect();
                     let to: Vec<usize> = out.iter().copied().filter(|&d| d != 1).collect();
                     if kept.len() != to.len() || kept.iter().zip(&to).any(|(x, y)| x.0 != *y) {
                         return Err(i);
                     }
                     let mut it = kept.iter();
-                    strides = out.iter().map(|&d| if d == 1 { 0 } else { it.next().map_or(0, |p| p.1) }).collect();
+                    strides = out
+                        .iter()
+                        .map(|&d| if d == 1 { 0 } else { it.next().map_or(0, |p| p.1) })
+                        .collect();
                 }
             }
             _ => return Err(i),
@@ -308,7 +322,9 @@ impl Instr {
     pub fn operands(&self) -> SmallVec<[Reg; 3]> {
         match *self {
             Instr::Load { .. } | Instr::Acc | Instr::Literal { .. } => SmallVec::new(),
-            Instr::Unary { x, .. } | Instr::Round { x, .. } | Instr::Reduce { x, .. } => smallvec::smallvec![x],
+            Instr::Unary { x, .. } | Instr::Round { x, .. } | Instr::Reduce { x, .. } => {
+                smallvec::smallvec![x]
+            }
             Instr::Binary { a, b, .. } => smallvec::smallvec![a, b],
             Instr::Where { c, a, b } => smallvec::smallvec![c, a, b],
         }
@@ -365,7 +381,9 @@ impl std::fmt::Display for CutReason {
         match self {
             CutReason::Parameter => f.write_str("the producer is a program input"),
             CutReason::ReductionBoundary => f.write_str("reduction boundary"),
-            CutReason::SecondConsumer => f.write_str("second consumer: materialized rather than recomputed"),
+            CutReason::SecondConsumer => {
+                f.write_str("second consumer: materialized rather than recomputed")
+            }
             CutReason::ShapeChange => f.write_str("shape change"),
             CutReason::MatMulBoundary => f.write_str("matmul boundary"),
             CutReason::NotFusible { op } => write!(f, "{op} does not fuse"),
@@ -431,7 +449,8 @@ impl Program {
 
     /// Parses [`Program::to_json`] output.
     pub fn from_json(text: &str) -> trace_ir::Result<Program> {
-        serde_json::from_str(text).map_err(|e| trace_ir::Error::InvalidTrace(format!("not a program: {e}")))
+        serde_json::from_str(text)
+            .map_err(|e| trace_ir::Error::InvalidTrace(format!("not a program: {e}")))
     }
 
     /// The same program over other sizes of the same ranks and broadcast
@@ -504,14 +523,19 @@ impl Program {
     /// Every recorded reason `producer`'s value crosses into another kernel
     /// on its way to `consumer`.
     pub fn why_cut(&self, producer: NodeId, consumer: NodeId) -> Option<&CutReason> {
-        self.cuts.iter().find(|c| c.producer == producer && c.consumer == consumer).map(|c| &c.reason)
+        self.cuts
+            .iter()
+            .find(|c| c.producer == producer && c.consumer == consumer)
+            .map(|c| &c.reason)
     }
 
     /// A one-line description of a kernel, for messages: its kind and ops.
     pub fn describe_kernel(&self, k: usize) -> String {
         let kernel = &self.kernels[k];
         let kind = match &kernel.kind {
-            KernelKind::Single { op } => return format!("kernel {k} ({}, node {:?})", op.name(), kernel.nodes),
+            KernelKind::Single { op } => {
+                return format!("kernel {k} ({}, node {:?})", op.name(), kernel.nodes)
+            }
             KernelKind::Loop(l) if l.row_dims > 0 => "row loop",
             KernelKind::Loop(_) => "elementwise loop",
             KernelKind::MatMul(_) => "matmul",

@@ -39,10 +39,13 @@ pub fn to_trace<'a>(
             if done.contains_key(&class) {
                 continue;
             }
-            let node = choose(class).ok_or_else(|| internal(format!("no choice for e-class {class}")))?;
+            let node =
+                choose(class).ok_or_else(|| internal(format!("no choice for e-class {class}")))?;
             if !expanded {
                 if !open.insert(class) {
-                    return Err(internal(format!("the extracted choice has a cycle through e-class {class}")));
+                    return Err(internal(format!(
+                        "the extracted choice has a cycle through e-class {class}"
+                    )));
                 }
                 stack.push((class, true));
                 stack.extend(node.inputs().iter().rev().map(|&i| (egraph.find(i), false)));
@@ -51,8 +54,10 @@ pub fn to_trace<'a>(
             let op = op_of(node, |c| egraph[c].data.attr.clone())
                 .ok_or_else(|| internal(format!("e-node {node} has malformed attributes")))?;
             let built = |i: &Id| done.get(&egraph.find(*i)).copied();
-            let inputs: Vec<NodeId> = node.inputs().iter().map(built).collect::<Option<_>>()
-                .ok_or_else(|| internal(format!("an input of e-class {class} was not built")))?;
+            let inputs: Vec<NodeId> =
+                node.inputs().iter().map(built).collect::<Option<_>>().ok_or_else(|| {
+                    internal(format!("an input of e-class {class} was not built"))
+                })?;
             let id = out.push(op, &inputs)?;
             open.remove(&class);
             done.insert(class, id);

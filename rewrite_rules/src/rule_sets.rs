@@ -42,7 +42,9 @@ fn all_rules() -> &'static [SetRule] {
             ("fold", crate::fold::rules),
             ("patterns", crate::patterns::rules),
         ];
-        sets.into_iter().flat_map(|(set, rules)| rules().into_iter().map(move |r| (set, r))).collect()
+        sets.into_iter()
+            .flat_map(|(set, rules)| rules().into_iter().map(move |r| (set, r)))
+            .collect()
     })
 }
 
@@ -101,7 +103,11 @@ impl RuleSets {
 
     /// The names of the rules of set `name`, in the order they run.
     pub fn rule_names(name: &str) -> Vec<String> {
-        all_rules().iter().filter(|(set, _)| *set == name).map(|(_, r)| r.name.to_string()).collect()
+        all_rules()
+            .iter()
+            .filter(|(set, _)| *set == name)
+            .map(|(_, r)| r.name.to_string())
+            .collect()
     }
 
     /// The rules of the sets that are on.

@@ -5,11 +5,14 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use rewrite_rules::RewriteConfig;
-use trace_ir::{ArgReduceOp, Axes, BinaryOp, DType, Distribution, NodeId, Op, ReduceOp, Shape, UnaryOp};
+use trace_ir::{
+    ArgReduceOp, Axes, BinaryOp, DType, Distribution, NodeId, Op, ReduceOp, Shape, UnaryOp,
+};
 
 const SHAPES: [&[usize]; 7] = [&[2, 3], &[3], &[1, 3], &[], &[2, 1], &[2, 0], &[2, 2, 3]];
 const VALUES: [f64; 10] = [0.0, -0.0, 1.0, 0.5, 2.0, 3.0, -1.5, f64::NAN, f64::INFINITY, 0.044715];
-const REDUCES: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
+const REDUCES: [ReduceOp; 5] =
+    [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
 
 /// One step: an op code and three numbers that pick operands and attributes.
 type Step = (u8, u16, u16, u16);
@@ -32,7 +35,11 @@ fn apply(b: &mut B, (code, s1, s2, s3): Step) {
     match code % 23 {
         0 => push(b, Op::Unary { kind: pick(&UnaryOp::ALL, s3) }, &[a]),
         1 => push(b, Op::Binary { kind: pick(&BinaryOp::ALL, s3) }, &[a, c]),
-        2 => push(b, Op::Full { value: pick(&VALUES, s3), shape: pick(&SHAPES, s2).into(), dtype: ma.dtype }, &[]),
+        2 => push(
+            b,
+            Op::Full { value: pick(&VALUES, s3), shape: pick(&SHAPES, s2).into(), dtype: ma.dtype },
+            &[],
+        ),
         3 => push(b, Op::Cast { to: pick(&DType::ALL, s3) }, &[a]),
         4 => push(b, Op::Reduce { kind: pick(&REDUCES, s2), axes, keepdim: s3 & 64 != 0 }, &[a]),
         5 => {
@@ -80,10 +87,28 @@ fn apply(b: &mut B, (code, s1, s2, s3): Step) {
         18 if float && rank > 0 => {
             b.log_softmax(a, s3 as usize % rank);
         }
-        19 => push(b, Op::Arange { start: pick(&VALUES, s2), step: 0.5, len: s3 as usize % 4, dtype: ma.dtype }, &[]),
+        19 => push(
+            b,
+            Op::Arange {
+                start: pick(&VALUES, s2),
+                step: 0.5,
+                len: s3 as usize % 4,
+                dtype: ma.dtype,
+            },
+            &[],
+        ),
         20 => {
             let dist = if s3 % 2 == 0 { Distribution::Uniform } else { Distribution::Normal };
-            push(b, Op::Random { seed: s2 as u64, dist, shape: pick(&SHAPES, s3).into(), dtype: ma.dtype }, &[]);
+            push(
+                b,
+                Op::Random {
+                    seed: s2 as u64,
+                    dist,
+                    shape: pick(&SHAPES, s3).into(),
+                    dtype: ma.dtype,
+                },
+                &[],
+            );
         }
         21 => {
             if let Ok(x) = b.t.push(Op::Unary { kind: UnaryOp::Neg }, &[a]) {
@@ -146,4 +171,3 @@ proptest! {
         optimize_checked(&t, &config);
     }
 }
-

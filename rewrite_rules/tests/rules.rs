@@ -17,7 +17,11 @@ fn every_rule_fires_on_its_trace() {
         for name in RuleSets::rule_names(set) {
             let t = trace_for(&name).unwrap_or_else(|| panic!("no test trace for rule {name}"));
             let out = optimize_checked(&t, &roomy());
-            assert!(out.report.rules_fired.contains_key(&name), "{name} did not fire: {:?}", out.report);
+            assert!(
+                out.report.rules_fired.contains_key(&name),
+                "{name} did not fire: {:?}",
+                out.report
+            );
             assert!(out.report.cost_after <= out.report.cost_before, "{name}: {:?}", out.report);
         }
     }
@@ -67,7 +71,10 @@ fn engine_layer_norm_with_affine_keeps_the_affine_ops() {
     let y = b.bin(Mul, n, w);
     let y = b.bin(Add, y, bias);
     let out = lifted(&b.done(&[y]));
-    assert_eq!(count(&out, |op| matches!(op, Op::LayerNorm { axes } if axes.as_slice() == [1, 2])), 1);
+    assert_eq!(
+        count(&out, |op| matches!(op, Op::LayerNorm { axes } if axes.as_slice() == [1, 2])),
+        1
+    );
     assert_eq!(count(&out, |op| matches!(op, Op::Reduce { .. }) || is_unary(op, Rsqrt)), 0);
     assert_eq!(count(&out, |op| matches!(op, Op::Binary { .. })), 2);
 }
@@ -90,7 +97,11 @@ fn hand_written_gelu_becomes_gelu_tanh_in_bf16_too() {
         let y = b.gelu_tanh_by_hand(x);
         let out = lifted(&b.done(&[y]));
         assert_eq!(count(&out, |op| is_unary(op, GeluTanh)), 1, "{dtype}");
-        assert_eq!(count(&out, |op| is_unary(op, Tanh) || matches!(op, Op::Binary { .. })), 0, "{dtype}");
+        assert_eq!(
+            count(&out, |op| is_unary(op, Tanh) || matches!(op, Op::Binary { .. })),
+            0,
+            "{dtype}"
+        );
     }
 }
 
@@ -133,7 +144,11 @@ fn inexact_identities_are_not_applied() {
     let times = b.bin(Mul, x, zero); // NaN * 0 is NaN: not 0
     let minus = b.bin(Sub, x, x); // inf - inf is NaN: not 0
     let out = optimize_checked(&b.done(&[plus, times, minus]), &roomy());
-    assert!(out.trace.outputs.iter().all(|&o| !out.trace.nodes[o].op.is_source()), "{:?}", out.trace);
+    assert!(
+        out.trace.outputs.iter().all(|&o| !out.trace.nodes[o].op.is_source()),
+        "{:?}",
+        out.trace
+    );
     // Integers have no -0.0: there x + 0 is x.
     let mut b = B::default();
     let x = b.param(&[4], I32);
@@ -220,7 +235,8 @@ fn limits_are_reported() {
     let out = optimize_checked(&t, &RewriteConfig { node_limit: 10, ..roomy() });
     assert_eq!(out.report.stop_reason, "node limit");
 
-    let out = optimize_checked(&t, &RewriteConfig { time_limit: std::time::Duration::ZERO, ..roomy() });
+    let out =
+        optimize_checked(&t, &RewriteConfig { time_limit: std::time::Duration::ZERO, ..roomy() });
     assert_eq!(out.report.stop_reason, "time limit");
 }
 

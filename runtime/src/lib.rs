@@ -16,7 +16,8 @@ pub mod backend;
 pub mod buffer;
 pub mod cpu;
 pub mod memory;
-#[cfg(feature = "pjrt")] pub mod pjrt;
+#[cfg(feature = "pjrt")]
+pub mod pjrt;
 
 pub use backend::{ArtifactStore, Backend, BackendStats, Executable};
 pub use buffer::{Buffer, DeviceData, HostData, Storage};

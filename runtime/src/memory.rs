@@ -53,7 +53,10 @@ impl MemoryTracker {
     }
 
     pub fn stats(&self) -> MemoryStats {
-        MemoryStats { live_bytes: self.live.load(Ordering::Relaxed), peak_bytes: self.peak.load(Ordering::Relaxed) }
+        MemoryStats {
+            live_bytes: self.live.load(Ordering::Relaxed),
+            peak_bytes: self.peak.load(Ordering::Relaxed),
+        }
     }
 
     /// Starts a new measurement window: the peak becomes what is live now.
@@ -97,7 +100,9 @@ impl MemoryTracker {
     /// Keeps a freed allocation for [`MemoryTracker::reuse`].
     pub fn recycle(&self, data: HostData) {
         let bytes = data_bytes(&data);
-        if !(POOL_MIN_BYTES..=POOL_MAX_BYTES).contains(&bytes) || !self.reusing.load(Ordering::Relaxed) {
+        if !(POOL_MIN_BYTES..=POOL_MAX_BYTES).contains(&bytes)
+            || !self.reusing.load(Ordering::Relaxed)
+        {
             return;
         }
         let Ok(mut p) = self.pool.lock() else { return };

@@ -8,7 +8,9 @@ use half::bf16;
 use rewrite_rules::program::Program;
 use runtime::{Backend, CpuBackend, HostData, MemoryTracker};
 use trace_ir::shape::shape;
-use trace_ir::{ArgReduceOp, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Result, Trace, UnaryOp};
+use trace_ir::{
+    ArgReduceOp, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Result, Trace, UnaryOp,
+};
 
 fn ax(a: &[usize]) -> trace_ir::Axes {
     a.into()
@@ -27,8 +29,11 @@ fn run(trace: &Trace, inputs: Vec<HostData>) -> Result<Vec<HostData>> {
     let be = backend();
     let exe = be.compile(&Program::unfused(trace))?;
     let params = trace.parameters();
-    let bufs =
-        inputs.into_iter().zip(params).map(|(d, p)| be.upload(trace.meta(p).clone(), d)).collect::<Result<Vec<_>>>()?;
+    let bufs = inputs
+        .into_iter()
+        .zip(params)
+        .map(|(d, p)| be.upload(trace.meta(p).clone(), d))
+        .collect::<Result<Vec<_>>>()?;
     let outs = exe.run(bufs)?;
     outs.iter().map(|b| be.download(b)).collect()
 }
@@ -79,7 +84,10 @@ fn binary_trace(a: Meta, b: Meta, kind: BinaryOp) -> Trace {
 fn assert_same_f32(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "element {i}: got {g}, want {w}");
+        assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "element {i}: got {g}, want {w}"
+        );
     }
 }
 
@@ -141,11 +149,20 @@ fn maximum_minimum_propagate_nan() {
     let a = vec![1.0, nan, 3.0, -0.5];
     let b = vec![2.0, 0.0, nan, -1.5];
     let t = binary_trace(meta(&[4], DType::F32), meta(&[4], DType::F32), BinaryOp::Maximum);
-    assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(a.clone()), HostData::F32(b.clone())])), &[2.0, nan, nan, -0.5]);
+    assert_same_f32(
+        &f32s(&run1(&t, vec![HostData::F32(a.clone()), HostData::F32(b.clone())])),
+        &[2.0, nan, nan, -0.5],
+    );
     let t = binary_trace(meta(&[4], DType::F32), meta(&[4], DType::F32), BinaryOp::Minimum);
-    assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(a.clone()), HostData::F32(b)])), &[1.0, nan, nan, -1.5]);
+    assert_same_f32(
+        &f32s(&run1(&t, vec![HostData::F32(a.clone()), HostData::F32(b)])),
+        &[1.0, nan, nan, -1.5],
+    );
 
-    let t = unary_trace(meta(&[4], DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: ax(&[0]), keepdim: false });
+    let t = unary_trace(
+        meta(&[4], DType::F32),
+        Op::Reduce { kind: ReduceOp::Max, axes: ax(&[0]), keepdim: false },
+    );
     assert!(f32s(&run1(&t, vec![HostData::F32(a.clone())]))[0].is_nan());
     let t = unary_trace(meta(&[4], DType::F32), Op::Unary { kind: UnaryOp::Relu });
     assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(a)])), &[1.0, nan, 3.0, 0.0]);
@@ -177,7 +194,14 @@ fn where_broadcasts_three_ways() {
     let b = t.push_parameter(meta(&[], DType::I32));
     let w = t.push(Op::Where, &[c, a, b]).unwrap();
     t.outputs = vec![w];
-    let out = run1(&t, vec![HostData::Bool(vec![true, false]), HostData::I32(vec![1, 2, 3]), HostData::I32(vec![-7])]);
+    let out = run1(
+        &t,
+        vec![
+            HostData::Bool(vec![true, false]),
+            HostData::I32(vec![1, 2, 3]),
+            HostData::I32(vec![-7]),
+        ],
+    );
     assert_eq!(out, HostData::I32(vec![1, 2, 3, -7, -7, -7]));
 }
 
@@ -192,29 +216,58 @@ fn sum_over_axes_with_and_without_keepdim() {
         assert_eq!(out, vec![60.0, 92.0, 124.0]);
     }
     // Integer sums wrap; an empty axis list is a copy.
-    let t = unary_trace(meta(&[2, 2], DType::I32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[1]), keepdim: false });
-    assert_eq!(run1(&t, vec![HostData::I32(vec![i32::MAX, 1, 5, 6])]), HostData::I32(vec![i32::MIN, 11]));
-    let t = unary_trace(meta(&[2, 2], DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[]), keepdim: false });
-    assert_same_f32(&f32s(&run1(&t, vec![HostData::F32(vec![-0.0, 1.5, f32::NAN, 3.0])])), &[-0.0, 1.5, f32::NAN, 3.0]);
+    let t = unary_trace(
+        meta(&[2, 2], DType::I32),
+        Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[1]), keepdim: false },
+    );
+    assert_eq!(
+        run1(&t, vec![HostData::I32(vec![i32::MAX, 1, 5, 6])]),
+        HostData::I32(vec![i32::MIN, 11])
+    );
+    let t = unary_trace(
+        meta(&[2, 2], DType::F32),
+        Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[]), keepdim: false },
+    );
+    assert_same_f32(
+        &f32s(&run1(&t, vec![HostData::F32(vec![-0.0, 1.5, f32::NAN, 3.0])])),
+        &[-0.0, 1.5, f32::NAN, 3.0],
+    );
     // A long full reduction takes the parallel path.
     let n = 1 << 20;
-    let t = unary_trace(meta(&[n], DType::F32), Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0]), keepdim: false });
+    let t = unary_trace(
+        meta(&[n], DType::F32),
+        Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0]), keepdim: false },
+    );
     assert_eq!(f32s(&run1(&t, vec![HostData::F32(vec![0.5; n])])), vec![(n / 2) as f32]);
 }
 
 #[test]
 fn mean_prod_and_empty_axes() {
-    let t = unary_trace(meta(&[2, 3], DType::F32), Op::Reduce { kind: ReduceOp::Mean, axes: ax(&[1]), keepdim: false });
-    assert_eq!(f32s(&run1(&t, vec![HostData::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])])), vec![2.0, 5.0]);
-    let t =
-        unary_trace(meta(&[2, 3], DType::BF16), Op::Reduce { kind: ReduceOp::Mean, axes: ax(&[0, 1]), keepdim: true });
-    let x: Vec<bf16> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().map(|&v| bf16::from_f32(v)).collect();
+    let t = unary_trace(
+        meta(&[2, 3], DType::F32),
+        Op::Reduce { kind: ReduceOp::Mean, axes: ax(&[1]), keepdim: false },
+    );
+    assert_eq!(
+        f32s(&run1(&t, vec![HostData::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])])),
+        vec![2.0, 5.0]
+    );
+    let t = unary_trace(
+        meta(&[2, 3], DType::BF16),
+        Op::Reduce { kind: ReduceOp::Mean, axes: ax(&[0, 1]), keepdim: true },
+    );
+    let x: Vec<bf16> =
+        [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().map(|&v| bf16::from_f32(v)).collect();
     assert_eq!(run1(&t, vec![HostData::BF16(x)]), HostData::BF16(vec![bf16::from_f32(3.5)]));
-    let t = unary_trace(meta(&[4], DType::I64), Op::Reduce { kind: ReduceOp::Prod, axes: ax(&[0]), keepdim: false });
+    let t = unary_trace(
+        meta(&[4], DType::I64),
+        Op::Reduce { kind: ReduceOp::Prod, axes: ax(&[0]), keepdim: false },
+    );
     assert_eq!(run1(&t, vec![HostData::I64(vec![2, -3, 4, 5])]), HostData::I64(vec![-120]));
 
     let empty = || HostData::F32(vec![]);
-    let red = |kind| unary_trace(meta(&[2, 0], DType::F32), Op::Reduce { kind, axes: ax(&[1]), keepdim: false });
+    let red = |kind| {
+        unary_trace(meta(&[2, 0], DType::F32), Op::Reduce { kind, axes: ax(&[1]), keepdim: false })
+    };
     assert_eq!(f32s(&run1(&red(ReduceOp::Sum), vec![empty()])), vec![0.0, 0.0]);
     assert_eq!(f32s(&run1(&red(ReduceOp::Prod), vec![empty()])), vec![1.0, 1.0]);
     assert!(f32s(&run1(&red(ReduceOp::Mean), vec![empty()])).iter().all(|v| v.is_nan()));
@@ -223,7 +276,10 @@ fn mean_prod_and_empty_axes() {
         assert!(err.contains("empty"), "{err}");
     }
     // Reducing the non-empty axis of an empty tensor gives an empty result.
-    let t = unary_trace(meta(&[0, 3], DType::F32), Op::Reduce { kind: ReduceOp::Max, axes: ax(&[1]), keepdim: false });
+    let t = unary_trace(
+        meta(&[0, 3], DType::F32),
+        Op::Reduce { kind: ReduceOp::Max, axes: ax(&[1]), keepdim: false },
+    );
     assert_eq!(f32s(&run1(&t, vec![empty()])), Vec::<f32>::new());
 }
 
@@ -231,14 +287,24 @@ fn mean_prod_and_empty_axes() {
 fn argmax_argmin_ties_and_nan() {
     let nan = f32::NAN;
     let x = vec![1.0, 3.0, 3.0, 2.0, 5.0, nan, nan, 1.0, -1.0, -1.0, -1.0, -1.0];
-    let arg = |kind, axis, keepdim| unary_trace(meta(&[3, 4], DType::F32), Op::ArgReduce { kind, axis, keepdim });
-    assert_eq!(run1(&arg(ArgReduceOp::Argmax, 1, false), vec![HostData::F32(x.clone())]), HostData::I64(vec![1, 1, 0]));
-    assert_eq!(run1(&arg(ArgReduceOp::Argmin, 1, false), vec![HostData::F32(x.clone())]), HostData::I64(vec![0, 1, 0]));
+    let arg = |kind, axis, keepdim| {
+        unary_trace(meta(&[3, 4], DType::F32), Op::ArgReduce { kind, axis, keepdim })
+    };
+    assert_eq!(
+        run1(&arg(ArgReduceOp::Argmax, 1, false), vec![HostData::F32(x.clone())]),
+        HostData::I64(vec![1, 1, 0])
+    );
+    assert_eq!(
+        run1(&arg(ArgReduceOp::Argmin, 1, false), vec![HostData::F32(x.clone())]),
+        HostData::I64(vec![0, 1, 0])
+    );
     let t = arg(ArgReduceOp::Argmax, 0, true);
     assert_eq!(t.meta(1).shape.as_slice(), &[1, 4]);
     assert_eq!(run1(&t, vec![HostData::F32(x)]), HostData::I64(vec![1, 1, 1, 0]));
-    let t =
-        unary_trace(meta(&[2, 2], DType::I32), Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: 0, keepdim: false });
+    let t = unary_trace(
+        meta(&[2, 2], DType::I32),
+        Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: 0, keepdim: false },
+    );
     assert_eq!(run1(&t, vec![HostData::I32(vec![1, 5, 3, 5])]), HostData::I64(vec![1, 0]));
 }
 
@@ -262,15 +328,23 @@ fn permute_is_a_general_transpose() {
 fn slice_with_step_expand_and_reshape() {
     let t = unary_trace(meta(&[10], DType::F32), Op::Slice { axis: 0, start: 1, stop: 9, step: 3 });
     assert_eq!(f32s(&run1(&t, vec![HostData::F32(iota(10))])), vec![1.0, 4.0, 7.0]);
-    let t = unary_trace(meta(&[2, 5], DType::F32), Op::Slice { axis: 1, start: 0, stop: 5, step: 2 });
+    let t =
+        unary_trace(meta(&[2, 5], DType::F32), Op::Slice { axis: 1, start: 0, stop: 5, step: 2 });
     assert_eq!(f32s(&run1(&t, vec![HostData::F32(iota(10))])), vec![0.0, 2.0, 4.0, 5.0, 7.0, 9.0]);
-    let t = unary_trace(meta(&[2, 5], DType::F32), Op::Slice { axis: 1, start: 3, stop: 3, step: 1 });
+    let t =
+        unary_trace(meta(&[2, 5], DType::F32), Op::Slice { axis: 1, start: 3, stop: 3, step: 1 });
     assert_eq!(f32s(&run1(&t, vec![HostData::F32(iota(10))])), Vec::<f32>::new());
 
     let t = unary_trace(meta(&[3, 1], DType::I32), Op::Expand { shape: shape(&[2, 3, 2]) });
-    assert_eq!(run1(&t, vec![HostData::I32(vec![1, 2, 3])]), HostData::I32(vec![1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3]));
+    assert_eq!(
+        run1(&t, vec![HostData::I32(vec![1, 2, 3])]),
+        HostData::I32(vec![1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3])
+    );
     let t = unary_trace(meta(&[2, 3], DType::I32), Op::Reshape { shape: shape(&[3, 2]) });
-    assert_eq!(run1(&t, vec![HostData::I32(vec![1, 2, 3, 4, 5, 6])]), HostData::I32(vec![1, 2, 3, 4, 5, 6]));
+    assert_eq!(
+        run1(&t, vec![HostData::I32(vec![1, 2, 3, 4, 5, 6])]),
+        HostData::I32(vec![1, 2, 3, 4, 5, 6])
+    );
 }
 
 #[test]
@@ -281,7 +355,10 @@ fn concat_along_an_inner_axis() {
     let c = t.push_parameter(meta(&[2, 0], DType::I32));
     let z = t.push(Op::Concat { axis: 1 }, &[a, b, c, a]).unwrap();
     t.outputs = vec![z];
-    let out = run1(&t, vec![HostData::I32(vec![1, 2]), HostData::I32(vec![10, 11, 20, 21]), HostData::I32(vec![])]);
+    let out = run1(
+        &t,
+        vec![HostData::I32(vec![1, 2]), HostData::I32(vec![10, 11, 20, 21]), HostData::I32(vec![])],
+    );
     assert_eq!(out, HostData::I32(vec![1, 10, 11, 1, 2, 20, 21, 2]));
 }
 
@@ -371,8 +448,10 @@ fn casts_round_truncate_and_wrap() {
     let t = unary_trace(meta(&[5], DType::F32), Op::Cast { to: DType::BF16 });
     let x = vec![1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, std::f32::consts::PI, -65.3];
     let out = run1(&t, vec![HostData::F32(x)]);
-    let want: Vec<u16> =
-        [1.0f32, 1.0, 1.015625, 3.140625, -65.5].iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let want: Vec<u16> = [1.0f32, 1.0, 1.015625, 3.140625, -65.5]
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_bits())
+        .collect();
     match out {
         HostData::BF16(v) => assert_eq!(v.iter().map(|b| b.to_bits()).collect::<Vec<_>>(), want),
         other => panic!("{other:?}"),
@@ -386,12 +465,21 @@ fn casts_round_truncate_and_wrap() {
         HostData::I32(vec![0, -1, i32::MIN + 5])
     );
     let t = unary_trace(meta(&[3], DType::F32), Op::Cast { to: DType::Bool });
-    assert_eq!(run1(&t, vec![HostData::F32(vec![0.0, -0.0, f32::NAN])]), HostData::Bool(vec![false, false, true]));
+    assert_eq!(
+        run1(&t, vec![HostData::F32(vec![0.0, -0.0, f32::NAN])]),
+        HostData::Bool(vec![false, false, true])
+    );
     let t = unary_trace(meta(&[2], DType::Bool), Op::Cast { to: DType::F16 });
-    assert_eq!(run1(&t, vec![HostData::Bool(vec![true, false])]), HostData::F16(vec![half::f16::ONE, half::f16::ZERO]));
+    assert_eq!(
+        run1(&t, vec![HostData::Bool(vec![true, false])]),
+        HostData::F16(vec![half::f16::ONE, half::f16::ZERO])
+    );
     // Same-size casts run in place and stay right.
     let t = unary_trace(meta(&[3], DType::I32), Op::Cast { to: DType::F32 });
-    assert_eq!(f32s(&run1(&t, vec![HostData::I32(vec![-3, 16_777_217, 7])])), vec![-3.0, 16_777_216.0, 7.0]);
+    assert_eq!(
+        f32s(&run1(&t, vec![HostData::I32(vec![-3, 16_777_217, 7])])),
+        vec![-3.0, 16_777_216.0, 7.0]
+    );
 }
 
 #[test]
@@ -420,11 +508,17 @@ fn unary_values() {
     let t = unary_trace(meta(&[1], DType::F32), Op::Unary { kind: UnaryOp::Sign });
     assert!(f32s(&run1(&t, vec![HostData::F32(vec![f32::NAN])]))[0].is_nan());
     let t = unary_trace(meta(&[4], DType::I32), Op::Unary { kind: UnaryOp::Sign });
-    assert_eq!(run1(&t, vec![HostData::I32(vec![-5, 0, 9, i32::MIN])]), HostData::I32(vec![-1, 0, 1, -1]));
+    assert_eq!(
+        run1(&t, vec![HostData::I32(vec![-5, 0, 9, i32::MIN])]),
+        HostData::I32(vec![-1, 0, 1, -1])
+    );
     let t = unary_trace(meta(&[2], DType::I32), Op::Unary { kind: UnaryOp::Neg });
     assert_eq!(run1(&t, vec![HostData::I32(vec![i32::MIN, 4])]), HostData::I32(vec![i32::MIN, -4]));
     let t = unary_trace(meta(&[2], DType::Bool), Op::Unary { kind: UnaryOp::LogicalNot });
-    assert_eq!(run1(&t, vec![HostData::Bool(vec![true, false])]), HostData::Bool(vec![false, true]));
+    assert_eq!(
+        run1(&t, vec![HostData::Bool(vec![true, false])]),
+        HostData::Bool(vec![false, true])
+    );
 }
 
 #[test]
@@ -457,7 +551,15 @@ fn sources_full_arange_random() {
     // Element i depends on (seed, i) only: a longer draw starts the same.
     let mut t = Trace::new();
     let r = t
-        .push(Op::Random { seed: 1, dist: Distribution::Uniform, shape: shape(&[10]), dtype: DType::F32 }, &[])
+        .push(
+            Op::Random {
+                seed: 1,
+                dist: Distribution::Uniform,
+                shape: shape(&[10]),
+                dtype: DType::F32,
+            },
+            &[],
+        )
         .unwrap();
     t.outputs = vec![r];
     assert_eq!(f32s(&run1(&t, vec![])), u[..10].to_vec());
@@ -477,9 +579,11 @@ fn fused_row_ops_match_their_decomposition() {
     let mut t = Trace::new();
     let p = t.push_parameter(meta(&[rows, cols], DType::F32));
     let eps = t.push(Op::Full { value: 1e-5, shape: shape(&[]), dtype: DType::F32 }, &[]).unwrap();
-    let red =
-        |t: &mut Trace, kind, x: NodeId| t.push(Op::Reduce { kind, axes: ax(&[1]), keepdim: true }, &[x]).unwrap();
-    let bin = |t: &mut Trace, kind, a: NodeId, b: NodeId| t.push(Op::Binary { kind }, &[a, b]).unwrap();
+    let red = |t: &mut Trace, kind, x: NodeId| {
+        t.push(Op::Reduce { kind, axes: ax(&[1]), keepdim: true }, &[x]).unwrap()
+    };
+    let bin =
+        |t: &mut Trace, kind, a: NodeId, b: NodeId| t.push(Op::Binary { kind }, &[a, b]).unwrap();
     let un = |t: &mut Trace, kind, a: NodeId| t.push(Op::Unary { kind }, &[a]).unwrap();
     // softmax
     let m = red(&mut t, ReduceOp::Max, p);
@@ -611,13 +715,20 @@ mod props {
     /// A suffix of `out` with some dims set to 1, chosen by `bits`.
     fn broadcastable(out: &[usize], bits: u64) -> Vec<usize> {
         let drop = (bits % (out.len() as u64 + 1)) as usize;
-        out[drop..].iter().enumerate().map(|(d, &n)| if bits >> (8 + d) & 1 == 1 { 1 } else { n }).collect()
+        out[drop..]
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| if bits >> (8 + d) & 1 == 1 { 1 } else { n })
+            .collect()
     }
 
     fn read_broadcast(data: &[f32], shape: &[usize], out_idx: &[usize]) -> f32 {
         let off = out_idx.len() - shape.len();
-        let idx: Vec<usize> =
-            shape.iter().enumerate().map(|(d, &n)| if n == 1 { 0 } else { out_idx[off + d] }).collect();
+        let idx: Vec<usize> = shape
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| if n == 1 { 0 } else { out_idx[off + d] })
+            .collect();
         data[ravel(&idx, shape)]
     }
 

@@ -111,7 +111,11 @@ fn assert_close(what: &str, got: &HostData, want: &HostData) {
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     // Half-precision intermediates of the reference are rounded where the
     // fused kernel keeps f32, so their error scales with the values' size.
-    let scale = if want.dtype().size_in_bytes() == 2 { w.iter().fold(1.0f64, |m, v| if v.is_finite() { m.max(v.abs()) } else { m }) } else { 1.0 };
+    let scale = if want.dtype().size_in_bytes() == 2 {
+        w.iter().fold(1.0f64, |m, v| if v.is_finite() { m.max(v.abs()) } else { m })
+    } else {
+        1.0
+    };
     let abs = abs * scale;
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
         let ok = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= abs + rel * b.abs();
@@ -124,10 +128,15 @@ fn assert_close(what: &str, got: &HostData, want: &HostData) {
 fn check(trace: &Trace, config: &PlanConfig) -> Program {
     let fused = plan(trace, config).unwrap_or_else(|e| panic!("plan: {e}"));
     let unfused = Program::unfused(trace);
-    let inputs: Vec<HostData> =
-        trace.parameters().iter().enumerate().map(|(i, &p)| random_input(trace.meta(p), 17 + i as u64)).collect();
+    let inputs: Vec<HostData> = trace
+        .parameters()
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| random_input(trace.meta(p), 17 + i as u64))
+        .collect();
     let want = run_program(&unfused, &inputs).unwrap_or_else(|e| panic!("unfused: {e}"));
-    let got = run_program(&fused, &inputs).unwrap_or_else(|e| panic!("fused: {e}\n{}", fused.to_json()));
+    let got =
+        run_program(&fused, &inputs).unwrap_or_else(|e| panic!("fused: {e}\n{}", fused.to_json()));
     for (k, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_close(&format!("output {k}"), g, w);
     }
@@ -260,7 +269,10 @@ fn fused_row_ops_are_single_row_kernels() {
         let p = check_default(&b.out(&[z]));
         assert_eq!(p.kernels.len(), 1);
     }
-    for op in [Op::LayerNorm { axes: [1, 2].into_iter().collect() }, Op::RmsNorm { axes: [2].into_iter().collect() }] {
+    for op in [
+        Op::LayerNorm { axes: [1, 2].into_iter().collect() },
+        Op::RmsNorm { axes: [2].into_iter().collect() },
+    ] {
         let mut b = B::default();
         let x = b.param(&[5, 6, 70], DType::F32);
         let eps = b.param(&[], DType::F32);
@@ -453,7 +465,8 @@ fn slices_permutes_and_int_work() {
     let pe = b.op(Op::Permute { perm: [1, 0].into_iter().collect() }, &[sl]);
     let e = b.un(UnaryOp::Exp, pe);
     let c = b.op(Op::Concat { axis: 0 }, &[e, pe]);
-    let am = b.op(Op::ArgReduce { kind: trace_ir::ArgReduceOp::Argmax, axis: 1, keepdim: false }, &[c]);
+    let am =
+        b.op(Op::ArgReduce { kind: trace_ir::ArgReduceOp::Argmax, axis: 1, keepdim: false }, &[c]);
     let i2 = b.bin(BinaryOp::Add, am, am);
     let r = b.op(Op::Reshape { shape: [2, 30].into_iter().collect() }, &[x]);
     let t = b.un(UnaryOp::Tanh, r);
@@ -491,7 +504,14 @@ fn per_op_rounding_is_bit_identical_on_bf16_arithmetic() {
     let x = b.param(&[3000], DType::BF16);
     let y = b.param(&[3000], DType::BF16);
     let mut v = x;
-    for k in [BinaryOp::Mul, BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum] {
+    for k in [
+        BinaryOp::Mul,
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Maximum,
+    ] {
         v = b.bin(k, v, y);
     }
     let v = b.un(UnaryOp::Sqrt, v);
@@ -499,10 +519,14 @@ fn per_op_rounding_is_bit_identical_on_bf16_arithmetic() {
     let cfg = PlanConfig { rounding: Rounding::PerOp, ..PlanConfig::default() };
     let fused = plan(&t, &cfg).unwrap();
     assert_eq!(fused.kernels.len(), 1);
-    let inputs: Vec<HostData> = t.parameters().iter().map(|&p| random_input(t.meta(p), p as u64 + 3)).collect();
+    let inputs: Vec<HostData> =
+        t.parameters().iter().map(|&p| random_input(t.meta(p), p as u64 + 3)).collect();
     let got = run_program(&fused, &inputs).unwrap();
     let want = run_program(&Program::unfused(&t), &inputs).unwrap();
-    assert_eq!(got[0].to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want[0].to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        got[0].to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want[0].to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -529,7 +553,15 @@ fn fused_chain_allocates_only_its_output() {
     let mut b = B::default();
     let x = b.param(&[n], DType::F32);
     let mut v = x;
-    for kind in [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Log, UnaryOp::Abs, UnaryOp::Tanh, UnaryOp::Sigmoid] {
+    for kind in [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Sqrt,
+        UnaryOp::Log,
+        UnaryOp::Abs,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+    ] {
         v = b.un(kind, v);
     }
     let v = b.bin(BinaryOp::Add, v, x);
@@ -537,11 +569,18 @@ fn fused_chain_allocates_only_its_output() {
     let p = plan(&t, &PlanConfig::default()).unwrap();
     assert_eq!(p.kernels.len(), 1);
     let exe = be.compile(&p).unwrap();
-    let input = be.upload(Meta::new([n].into_iter().collect(), DType::F32), random_input(t.meta(x), 1)).unwrap();
+    let input = be
+        .upload(Meta::new([n].into_iter().collect(), DType::F32), random_input(t.meta(x), 1))
+        .unwrap();
     tracker.reset_peak();
     let out = exe.run(vec![input.clone()]).unwrap();
     let stats = tracker.stats();
-    assert!(stats.peak_bytes <= 2 * n * 4, "peak {} > input + output {}", stats.peak_bytes, 2 * n * 4);
+    assert!(
+        stats.peak_bytes <= 2 * n * 4,
+        "peak {} > input + output {}",
+        stats.peak_bytes,
+        2 * n * 4
+    );
     drop((out, input));
     assert_eq!(tracker.stats().live_bytes, 0);
 }
@@ -560,9 +599,16 @@ fn loop_kernels_run_on_new_sizes() {
     assert_eq!(fused.kernels.len(), 1);
     let be = backend();
     let exe = be.compile(&fused).unwrap();
-    let metas = [Meta::new([7, 64].into_iter().collect(), DType::F32), Meta::new([64].into_iter().collect(), DType::F32), Meta::new([64].into_iter().collect(), DType::F32), Meta::new(Default::default(), DType::F32)];
-    let data: Vec<HostData> = metas.iter().enumerate().map(|(i, m)| random_input(m, i as u64 + 9)).collect();
-    let bufs = metas.iter().zip(&data).map(|(m, d)| be.upload(m.clone(), d.clone()).unwrap()).collect();
+    let metas = [
+        Meta::new([7, 64].into_iter().collect(), DType::F32),
+        Meta::new([64].into_iter().collect(), DType::F32),
+        Meta::new([64].into_iter().collect(), DType::F32),
+        Meta::new(Default::default(), DType::F32),
+    ];
+    let data: Vec<HostData> =
+        metas.iter().enumerate().map(|(i, m)| random_input(m, i as u64 + 9)).collect();
+    let bufs =
+        metas.iter().zip(&data).map(|(m, d)| be.upload(m.clone(), d.clone()).unwrap()).collect();
     let out = exe.run(bufs).unwrap();
     assert_eq!(out[0].meta().shape.as_slice(), &[7, 64]);
     // The same trace built for the new sizes, unfused, is the reference.
@@ -627,16 +673,30 @@ mod props {
             let rank = |t: &Trace, n: NodeId| t.meta(n).shape.len();
             let r = match *s {
                 Step::Unary(k, a) => {
-                    let kind = [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Sin][k as usize];
+                    let kind = [
+                        UnaryOp::Neg,
+                        UnaryOp::Abs,
+                        UnaryOp::Tanh,
+                        UnaryOp::Sigmoid,
+                        UnaryOp::Relu,
+                        UnaryOp::Sin,
+                    ][k as usize];
                     t.push(Op::Unary { kind }, &[pick(a)])
                 }
                 Step::Binary(k, a, b) => {
-                    let kind = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Maximum, BinaryOp::Minimum][k as usize];
+                    let kind = [
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Maximum,
+                        BinaryOp::Minimum,
+                    ][k as usize];
                     t.push(Op::Binary { kind }, &[pick(a), pick(b)])
                 }
                 Step::Reduce(k, a, ax, keepdim) => {
                     let x = pick(a);
-                    let axes: Vec<usize> = (0..rank(&t, x)).filter(|d| ax & (1 << d) != 0).collect();
+                    let axes: Vec<usize> =
+                        (0..rank(&t, x)).filter(|d| ax & (1 << d) != 0).collect();
                     let kind = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Mean][k as usize];
                     t.push(Op::Reduce { kind, axes: axes.as_slice().into(), keepdim }, &[x])
                 }

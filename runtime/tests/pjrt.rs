@@ -37,7 +37,12 @@ fn smoke_add() {
     let b = t.push_parameter(meta(&[3], DType::F32));
     let c = t.push(Op::Binary { kind: BinaryOp::Add }, &[a, b]).unwrap();
     t.outputs = vec![c];
-    let out = run_on(&be, &t, &[HostData::F32(vec![1., 2., 3., 4., 5., 6.]), HostData::F32(vec![10., 20., 30.])]).unwrap();
+    let out = run_on(
+        &be,
+        &t,
+        &[HostData::F32(vec![1., 2., 3., 4., 5., 6.]), HostData::F32(vec![10., 20., 30.])],
+    )
+    .unwrap();
     assert_eq!(out, vec![HostData::F32(vec![11., 22., 33., 14., 25., 36.])]);
 }
 
@@ -52,7 +57,8 @@ fn unary_ops_f32() {
         if kind == UnaryOp::LogicalNot {
             continue;
         }
-        let src = if matches!(kind, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) { pos } else { x };
+        let src =
+            if matches!(kind, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) { pos } else { x };
         let y = t.push(Op::Unary { kind }, &[src]).unwrap();
         t.outputs.push(y);
     }
@@ -66,7 +72,15 @@ fn unary_ops_half_and_int() {
         let m = meta(&[3, 4], dt);
         let mut t = Trace::new();
         let x = t.push_parameter(m.clone());
-        for kind in [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::GeluTanh, UnaryOp::Silu, UnaryOp::Neg, UnaryOp::Relu] {
+        for kind in [
+            UnaryOp::Exp,
+            UnaryOp::Tanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::GeluTanh,
+            UnaryOp::Silu,
+            UnaryOp::Neg,
+            UnaryOp::Relu,
+        ] {
             let y = t.push(Op::Unary { kind }, &[x]).unwrap();
             t.outputs.push(y);
         }
@@ -135,7 +149,15 @@ fn binary_ops_broadcast() {
         let y = t.push(Op::Binary { kind }, &[a, b]).unwrap();
         t.outputs.push(y);
     }
-    check(&be, "binary bool", &t, &[HostData::Bool(vec![true, false, true, false, false, true]), HostData::Bool(vec![true, true, false])]);
+    check(
+        &be,
+        "binary bool",
+        &t,
+        &[
+            HostData::Bool(vec![true, false, true, false, false, true]),
+            HostData::Bool(vec![true, true, false]),
+        ],
+    );
 }
 
 #[test]
@@ -158,7 +180,13 @@ fn reductions() {
     let mut t = Trace::new();
     let x = t.push_parameter(m.clone());
     for kind in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
-        for (axes, keepdim) in [(vec![0], false), (vec![1, 2], true), (vec![2, 0], false), (vec![0, 1, 2], false), (vec![], false)] {
+        for (axes, keepdim) in [
+            (vec![0], false),
+            (vec![1, 2], true),
+            (vec![2, 0], false),
+            (vec![0, 1, 2], false),
+            (vec![], false),
+        ] {
             let y = t.push(Op::Reduce { kind, axes: ax(&axes), keepdim }, &[x]).unwrap();
             t.outputs.push(y);
         }
@@ -207,7 +235,9 @@ fn argmax_ties_and_nan() {
 #[test]
 fn matmul_batched() {
     let be = pjrt();
-    for (sa, sb) in [(vec![3, 4], vec![4, 5]), (vec![2, 1, 3, 4], vec![5, 4, 6]), (vec![2, 3, 4], vec![4, 2])] {
+    for (sa, sb) in
+        [(vec![3, 4], vec![4, 5]), (vec![2, 1, 3, 4], vec![5, 4, 6]), (vec![2, 3, 4], vec![4, 2])]
+    {
         for dt in [DType::F32, DType::BF16] {
             let (ma, mb) = (meta(&sa, dt), meta(&sb, dt));
             let mut t = Trace::new();
@@ -215,7 +245,12 @@ fn matmul_batched() {
             let b = t.push_parameter(mb.clone());
             let y = t.push(Op::MatMul, &[a, b]).unwrap();
             t.outputs = vec![y];
-            check(&be, &format!("matmul {sa:?} x {sb:?} {dt}"), &t, &[data(&ma, 13, -1.0, 1.0), data(&mb, 14, -1.0, 1.0)]);
+            check(
+                &be,
+                &format!("matmul {sa:?} x {sb:?} {dt}"),
+                &t,
+                &[data(&ma, 13, -1.0, 1.0), data(&mb, 14, -1.0, 1.0)],
+            );
         }
     }
 }
@@ -233,7 +268,11 @@ fn casts_between_all_dtypes() {
         }
         let input = match from {
             DType::F32 => HostData::F32(vec![-2.75, -1.5, -0.25, 0.0, 0.5, 1.0, 2.5, 100.75, -7.0]),
-            DType::BF16 => HostData::BF16([-2.75f32, -1.5, -0.25, 0.0, 0.5, 1.0, 2.5, 100.5, -7.0].map(bf16::from_f32).to_vec()),
+            DType::BF16 => HostData::BF16(
+                [-2.75f32, -1.5, -0.25, 0.0, 0.5, 1.0, 2.5, 100.5, -7.0]
+                    .map(bf16::from_f32)
+                    .to_vec(),
+            ),
             _ => data(&m, 15, -10.0, 10.0),
         };
         check(&be, &format!("cast from {from}"), &t, &[input]);
@@ -260,7 +299,12 @@ fn layout_ops() {
     let ai = t.push(Op::Arange { start: -3.0, step: 2.0, len: 5, dtype: DType::I64 }, &[]).unwrap();
     let ab = t.push(Op::Arange { start: 0.0, step: 1.0, len: 4, dtype: DType::BF16 }, &[]).unwrap();
     t.outputs = vec![s, p, r, e, c, p3, f, fi, fb, a, ai, ab, x];
-    check(&be, "layout", &t, &[data(&m, 16, -1.0, 1.0), data(&meta(&[4, 2], DType::F32), 17, -1.0, 1.0)]);
+    check(
+        &be,
+        "layout",
+        &t,
+        &[data(&m, 16, -1.0, 1.0), data(&meta(&[4, 2], DType::F32), 17, -1.0, 1.0)],
+    );
 }
 
 #[test]
@@ -293,7 +337,8 @@ fn scalars_empty_tensors_and_no_outputs() {
     let s = t.push_parameter(meta(&[], DType::F32));
     let z = t.push_parameter(meta(&[0, 3], DType::F32));
     let e = t.push(Op::Unary { kind: UnaryOp::Exp }, &[s]).unwrap();
-    let zs = t.push(Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0]), keepdim: false }, &[z]).unwrap();
+    let zs =
+        t.push(Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0]), keepdim: false }, &[z]).unwrap();
     let zn = t.push(Op::Unary { kind: UnaryOp::Neg }, &[z]).unwrap();
     t.outputs = vec![e, zs, zn, s];
     check(&be, "scalars and empty", &t, &[HostData::F32(vec![0.5]), HostData::F32(vec![])]);
@@ -314,7 +359,12 @@ fn random_traces_match_cpu() {
         if g.trace.outputs.is_empty() {
             continue;
         }
-        let inputs: Vec<HostData> = g.params.iter().enumerate().map(|(i, m)| data(m, seed * 10 + i as u64, 0.1, 2.0)).collect();
+        let inputs: Vec<HostData> = g
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, m)| data(m, seed * 10 + i as u64, 0.1, 2.0))
+            .collect();
         check(&be, &format!("random trace {seed}"), &g.trace, &inputs);
         checked += 1;
     }
@@ -356,9 +406,14 @@ fn compile_cache_and_serialization() {
 fn random_matches_the_cpu_stream() {
     let be = pjrt();
     let mut t = Trace::new();
-    for (seed, dist) in [(3u64, Distribution::Uniform), (7, Distribution::Normal), (u64::MAX, Distribution::Uniform)] {
+    for (seed, dist) in [
+        (3u64, Distribution::Uniform),
+        (7, Distribution::Normal),
+        (u64::MAX, Distribution::Uniform),
+    ] {
         for dt in [DType::F32, DType::BF16, DType::F16] {
-            let r = t.push(Op::Random { seed, dist, shape: shape(&[3, 5]), dtype: dt }, &[]).unwrap();
+            let r =
+                t.push(Op::Random { seed, dist, shape: shape(&[3, 5]), dtype: dt }, &[]).unwrap();
             t.outputs.push(r);
         }
     }
@@ -379,13 +434,20 @@ fn bad_plugin_paths_give_clear_errors() {
     assert!(e.contains("not_a_plugin.so") && e.contains("cannot load PJRT plugin"), "{e}");
 
     // A real shared library without GetPjrtApi.
-    let libc = ["/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6"]
-        .iter()
-        .map(std::path::Path::new)
-        .find(|p| p.exists());
+    let libc = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib/aarch64-linux-gnu/libm.so.6",
+        "/usr/lib64/libm.so.6",
+    ]
+    .iter()
+    .map(std::path::Path::new)
+    .find(|p| p.exists());
     if let Some(lib) = libc {
         let e = Plugin::load(lib).unwrap_err().to_string();
-        assert!(e.contains("is not a PJRT plugin") && e.contains("GetPjrtApi") && e.contains("0.81"), "{e}");
+        assert!(
+            e.contains("is not a PJRT plugin") && e.contains("GetPjrtApi") && e.contains("0.81"),
+            "{e}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -399,7 +461,11 @@ fn fused_programs_are_refused_with_the_kernel_named() {
     let n = t.push(Op::Unary { kind: UnaryOp::Neg }, &[e]).unwrap();
     t.outputs = vec![n];
     let program = rewrite_rules::plan(&t, &rewrite_rules::PlanConfig::default()).unwrap();
-    if program.kernels.iter().all(|k| matches!(k.kind, rewrite_rules::program::KernelKind::Single { .. })) {
+    if program
+        .kernels
+        .iter()
+        .all(|k| matches!(k.kind, rewrite_rules::program::KernelKind::Single { .. }))
+    {
         return; // the planner did not fuse: nothing to refuse
     }
     let err = be.compile(&program).err().expect("fused kernels are not lowered").to_string();
@@ -428,7 +494,8 @@ fn donation_only_takes_inputs_nobody_holds() {
     let exe = be.compile(&Program::unfused(&t)).unwrap();
     let (pv, gv) = (noise(1000, 1, -1.0, 1.0), noise(1000, 2, -1.0, 1.0));
     let want: Vec<f32> = pv.iter().zip(&gv).map(|(p, g)| p - g * g).collect();
-    let upload = |v: &[f32]| be.upload(meta(&[1000], DType::F32), HostData::F32(v.to_vec())).unwrap();
+    let upload =
+        |v: &[f32]| be.upload(meta(&[1000], DType::F32), HostData::F32(v.to_vec())).unwrap();
     let read = |b: &runtime::Buffer| match be.download(b).unwrap() {
         HostData::F32(v) => v,
         other => panic!("{other:?}"),
@@ -477,7 +544,11 @@ fn equal_scalars_upload_once_and_are_never_donated() {
     let scalar = |v: f32| be.upload(meta(&[], DType::F32), HostData::F32(vec![v])).unwrap();
     let before = be.stats().host_to_device;
     let (a, b) = (scalar(0.125), scalar(0.125));
-    assert_eq!(be.stats().host_to_device, before + 1, "the second upload of 0.125 transferred again");
+    assert_eq!(
+        be.stats().host_to_device,
+        before + 1,
+        "the second upload of 0.125 transferred again"
+    );
     let c = scalar(0.25);
     assert_eq!(be.stats().host_to_device, before + 2);
     let mut t = Trace::new();

@@ -18,7 +18,8 @@ use trace_ir::{BinaryOp, DType, Op, ReduceOp, Trace, UnaryOp};
 /// Resident set size in bytes, from /proc/self/statm.
 fn rss() -> usize {
     let s = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
-    let pages: usize = s.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("statm format");
+    let pages: usize =
+        s.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("statm format");
     pages * 4096
 }
 
@@ -32,7 +33,16 @@ fn ten_thousand_device_resident_runs_do_not_grow_rss() {
     let y = t.push(Op::MatMul, &[x, w]).unwrap();
     let z = t.push(Op::Unary { kind: UnaryOp::Tanh }, &[y]).unwrap();
     let s = t.push(Op::Binary { kind: BinaryOp::Add }, &[z, x]).unwrap();
-    let r = t.push(Op::Reduce { kind: ReduceOp::Sum, axes: [1usize].into_iter().collect(), keepdim: false }, &[s]).unwrap();
+    let r = t
+        .push(
+            Op::Reduce {
+                kind: ReduceOp::Sum,
+                axes: [1usize].into_iter().collect(),
+                keepdim: false,
+            },
+            &[s],
+        )
+        .unwrap();
     t.outputs = vec![s, r];
     let exe = be.compile(&Program::unfused(&t)).unwrap();
     let weight = be.upload(m.clone(), data(&m, 2, -0.1, 0.1)).unwrap();
@@ -59,7 +69,11 @@ fn ten_thousand_device_resident_runs_do_not_grow_rss() {
     let after = rss();
     let stats = be.stats();
     assert_eq!(be.cache_stats().compiles, 1, "{stats:?}");
-    assert_eq!((stats.host_to_device, stats.device_to_host), (2, 105), "only reads download: {stats:?}");
+    assert_eq!(
+        (stats.host_to_device, stats.device_to_host),
+        (2, 105),
+        "only reads download: {stats:?}"
+    );
     assert_eq!(be.memory().stats().live_bytes, live, "device buffers accumulate");
     drop((state, weight));
     assert_eq!(be.memory().stats().live_bytes, 0, "buffers still counted as live");

@@ -140,11 +140,20 @@ impl ser::Serializer for &mut Writer {
     fn serialize_unit_struct(self, _name: &'static str) -> Done {
         self.serialize_unit()
     }
-    fn serialize_unit_variant(self, _name: &'static str, _index: u32, variant: &'static str) -> Done {
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Done {
         self.str(b'v', variant);
         Ok(())
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _name: &'static str, value: &T) -> Done {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Done {
         value.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -240,7 +249,11 @@ macro_rules! fields {
         impl ser::$trait for &mut Writer {
             type Ok = ();
             type Error = Never;
-            fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Done {
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Done {
                 self.str(b'k', key);
                 value.serialize(&mut **self)
             }
@@ -262,7 +275,10 @@ mod tests {
     #[test]
     fn equal_bytes_only_for_equal_values() {
         assert_eq!(to_bytes(&vec![1u32, 2]), to_bytes(&vec![1u64, 2]));
-        assert_ne!(to_bytes(&(vec![1u32], vec![2u32])), to_bytes(&(vec![1u32, 2], Vec::<u32>::new())));
+        assert_ne!(
+            to_bytes(&(vec![1u32], vec![2u32])),
+            to_bytes(&(vec![1u32, 2], Vec::<u32>::new()))
+        );
         assert_ne!(to_bytes(&0.0f64), to_bytes(&-0.0f64));
         assert_ne!(to_bytes(&"ab"), to_bytes(&("a", "b")));
         assert_ne!(to_bytes(&Some(1u8)), to_bytes(&1u8));

@@ -24,7 +24,8 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [DType::Bool, DType::I32, DType::I64, DType::BF16, DType::F16, DType::F32];
+    pub const ALL: [DType; 6] =
+        [DType::Bool, DType::I32, DType::I64, DType::BF16, DType::F16, DType::F32];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -71,9 +72,21 @@ impl DType {
         match (a.category().max(b.category()), a.category() == b.category()) {
             // bf16 and f16 meet in f32; otherwise the wider float wins.
             (Category::Float, true) => F32,
-            (Category::Float, false) => if a.is_float() { a } else { b },
+            (Category::Float, false) => {
+                if a.is_float() {
+                    a
+                } else {
+                    b
+                }
+            }
             (Category::Int, true) => I64,
-            (Category::Int, false) => if a.is_int() { a } else { b },
+            (Category::Int, false) => {
+                if a.is_int() {
+                    a
+                } else {
+                    b
+                }
+            }
             (Category::Bool, _) => Bool,
         }
     }
@@ -88,14 +101,11 @@ impl std::fmt::Display for DType {
 impl std::str::FromStr for DType {
     type Err = crate::Error;
     fn from_str(s: &str) -> crate::Result<Self> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| crate::Error::Config {
-                var: "dtype".into(),
-                value: s.into(),
-                valid: "bool, i32, i64, bf16, f16, f32".into(),
-            })
+        DType::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| crate::Error::Config {
+            var: "dtype".into(),
+            value: s.into(),
+            valid: "bool, i32, i64, bf16, f16, f32".into(),
+        })
     }
 }
 
@@ -116,7 +126,8 @@ pub fn result_type(operands: &[Operand]) -> DType {
     let mut dims: Option<DType> = None;
     let mut zero: Option<DType> = None;
     let mut scalar: Option<Category> = None;
-    let merge = |slot: &mut Option<DType>, d: DType| *slot = Some(slot.map_or(d, |s| DType::promote(s, d)));
+    let merge =
+        |slot: &mut Option<DType>, d: DType| *slot = Some(slot.map_or(d, |s| DType::promote(s, d)));
     for op in operands {
         match *op {
             Operand::Tensor(d) => merge(&mut dims, d),

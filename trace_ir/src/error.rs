@@ -36,7 +36,13 @@ pub enum Error {
 
     /// Debug mode found a NaN or an infinity in an op's output.
     #[error("{op}: output has {kind} at flat index {index} (input shapes {}, output shape {out_shape:?})", fmt_shapes(in_shapes))]
-    NonFinite { op: String, kind: &'static str, index: usize, in_shapes: Vec<Shape>, out_shape: Shape },
+    NonFinite {
+        op: String,
+        kind: &'static str,
+        index: usize,
+        in_shapes: Vec<Shape>,
+        out_shape: Shape,
+    },
 
     /// A backend failed while compiling or running a program.
     #[error("backend {backend}: {msg}")]
@@ -53,7 +59,11 @@ pub enum Error {
 
 impl Error {
     pub fn shape(op: &str, msg: impl Into<String>, shapes: &[&Shape]) -> Self {
-        Error::Shape { op: op.into(), msg: msg.into(), shapes: shapes.iter().map(|s| (*s).clone()).collect() }
+        Error::Shape {
+            op: op.into(),
+            msg: msg.into(),
+            shapes: shapes.iter().map(|s| (*s).clone()).collect(),
+        }
     }
     pub fn dtype(op: &str, msg: impl Into<String>, dtypes: &[DType]) -> Self {
         Error::DType { op: op.into(), msg: msg.into(), dtypes: dtypes.to_vec() }

@@ -53,7 +53,8 @@ pub fn random_trace(bytes: &mut Bytes, max_ops: usize) -> Generated {
     let base = [DIMS[1 + bytes.below(3)], DIMS[1 + bytes.below(3)], DIMS[1 + bytes.below(3)]];
     for _ in 0..2 + bytes.below(3) {
         let rank = 1 + bytes.below(3);
-        let dims: Vec<usize> = (0..rank).map(|i| if bytes.below(5) == 0 { 1 } else { base[3 - rank + i] }).collect();
+        let dims: Vec<usize> =
+            (0..rank).map(|i| if bytes.below(5) == 0 { 1 } else { base[3 - rank + i] }).collect();
         let dtype = if bytes.below(4) == 0 { FLOATS[1 + bytes.below(2)] } else { DType::F32 };
         let meta = Meta::new(shape(&dims), dtype);
         params.push(meta.clone());
@@ -72,7 +73,9 @@ pub fn random_trace(bytes: &mut Bytes, max_ops: usize) -> Generated {
         }
     }
     let uses = trace.use_counts();
-    trace.outputs = (0..trace.len()).filter(|&i| uses[i] == 0 && !matches!(trace.nodes[i].op, Op::Parameter { .. })).collect();
+    trace.outputs = (0..trace.len())
+        .filter(|&i| uses[i] == 0 && !matches!(trace.nodes[i].op, Op::Parameter { .. }))
+        .collect();
     if trace.outputs.is_empty() {
         trace.outputs.push(trace.len() - 1);
     }
@@ -89,31 +92,69 @@ fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, V
     Some(match bytes.below(14) {
         0..=2 => {
             let kinds = [
-                UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Reciprocal,
-                UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::GeluErf, UnaryOp::GeluTanh, UnaryOp::Silu,
-                UnaryOp::Sin, UnaryOp::Cos, UnaryOp::Floor, UnaryOp::Sign,
+                UnaryOp::Neg,
+                UnaryOp::Abs,
+                UnaryOp::Exp,
+                UnaryOp::Log,
+                UnaryOp::Sqrt,
+                UnaryOp::Rsqrt,
+                UnaryOp::Reciprocal,
+                UnaryOp::Tanh,
+                UnaryOp::Sigmoid,
+                UnaryOp::Relu,
+                UnaryOp::GeluErf,
+                UnaryOp::GeluTanh,
+                UnaryOp::Silu,
+                UnaryOp::Sin,
+                UnaryOp::Cos,
+                UnaryOp::Floor,
+                UnaryOp::Sign,
             ];
             (Op::Unary { kind: kinds[bytes.below(kinds.len())] }, vec![a])
         }
         3..=5 => {
             let kinds = [
-                BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum,
-                BinaryOp::Pow, BinaryOp::Lt, BinaryOp::Ge, BinaryOp::Eq,
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Maximum,
+                BinaryOp::Minimum,
+                BinaryOp::Pow,
+                BinaryOp::Lt,
+                BinaryOp::Ge,
+                BinaryOp::Eq,
             ];
-            let b = if trace.meta(b).dtype == ma.dtype { b } else { return cast_to(trace, b, ma.dtype) };
+            let b = if trace.meta(b).dtype == ma.dtype {
+                b
+            } else {
+                return cast_to(trace, b, ma.dtype);
+            };
             (Op::Binary { kind: kinds[bytes.below(kinds.len())] }, vec![a, b])
         }
         6 => {
-            let to = if float(ma) { [DType::F32, DType::BF16, DType::F16, DType::I32][bytes.below(4)] } else { DType::F32 };
+            let to = if float(ma) {
+                [DType::F32, DType::BF16, DType::F16, DType::I32][bytes.below(4)]
+            } else {
+                DType::F32
+            };
             (Op::Cast { to }, vec![a])
         }
         7 => {
-            let kinds = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
+            let kinds =
+                [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
             let mut axes: Axes = (0..rank).filter(|_| bytes.below(2) == 0).collect();
             if axes.is_empty() && rank > 0 {
                 axes.push(rank - 1);
             }
-            (Op::Reduce { kind: kinds[bytes.below(kinds.len())], axes, keepdim: bytes.below(2) == 0 }, vec![a])
+            (
+                Op::Reduce {
+                    kind: kinds[bytes.below(kinds.len())],
+                    axes,
+                    keepdim: bytes.below(2) == 0,
+                },
+                vec![a],
+            )
         }
         8 => {
             let mb = trace.meta(b);
@@ -121,7 +162,11 @@ fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, V
                 return None;
             }
             // Transpose the right operand when that makes the inner dims agree.
-            let rhs = if mb.shape[mb.shape.len() - 2] == ma.shape[rank - 1] { b } else { return permute_last(trace, b) };
+            let rhs = if mb.shape[mb.shape.len() - 2] == ma.shape[rank - 1] {
+                b
+            } else {
+                return permute_last(trace, b);
+            };
             (Op::MatMul, vec![a, rhs])
         }
         9 => {
@@ -142,7 +187,10 @@ fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, V
         }
         12 => match bytes.below(4) {
             0 if float(ma) && rank > 0 => (Op::Softmax { axis: rank - 1 }, vec![a]),
-            1 if rank > 0 => (Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: axis(bytes), keepdim: false }, vec![a]),
+            1 if rank > 0 => (
+                Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: axis(bytes), keepdim: false },
+                vec![a],
+            ),
             2 => (Op::Reshape { shape: shape(&[ma.numel()]) }, vec![a]),
             _ if rank > 0 => (Op::Concat { axis: axis(bytes) }, vec![a, a]),
             _ => return None,
@@ -179,7 +227,12 @@ mod tests {
     #[test]
     fn any_bytes_give_a_valid_trace() {
         for seed in 0..500u64 {
-            let data: Vec<u8> = (0..200).map(|i| (seed.wrapping_mul(6364136223846793005).wrapping_add(i * 1442695040888963407) >> 33) as u8).collect();
+            let data: Vec<u8> = (0..200)
+                .map(|i| {
+                    (seed.wrapping_mul(6364136223846793005).wrapping_add(i * 1442695040888963407)
+                        >> 33) as u8
+                })
+                .collect();
             let g = random_trace(&mut Bytes::new(&data), 30);
             g.trace.validate().unwrap();
             assert!(!g.trace.outputs.is_empty());

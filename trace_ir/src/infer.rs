@@ -30,7 +30,10 @@ impl Meta {
 pub fn infer(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
     let meta = infer_unchecked(op, inputs)?;
     if checked_numel(&meta.shape).is_none() {
-        return Err(Error::attr(op.name(), format!("output shape {:?} has too many elements", meta.shape.as_slice())));
+        return Err(Error::attr(
+            op.name(),
+            format!("output shape {:?} has too many elements", meta.shape.as_slice()),
+        ));
     }
     Ok(meta)
 }
@@ -53,7 +56,9 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
     }
     let shapes: Vec<&Shape> = inputs.iter().map(|m| &m.shape).collect();
     let new_shape = match op {
-        Op::Parameter { shape, .. } | Op::Full { shape, .. } | Op::Random { shape, .. } => Some(shape.as_slice()),
+        Op::Parameter { shape, .. } | Op::Full { shape, .. } | Op::Random { shape, .. } => {
+            Some(shape.as_slice())
+        }
         Op::Expand { shape } | Op::Reshape { shape } => Some(shape.as_slice()),
         Op::Arange { len, .. } => Some(std::slice::from_ref(len)),
         _ => None,
@@ -63,7 +68,9 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
     }
     let dtypes: Vec<DType> = inputs.iter().map(|m| m.dtype).collect();
     match op {
-        Op::Parameter { shape, dtype, .. } | Op::Full { shape, dtype, .. } => Ok(Meta::new(shape.clone(), *dtype)),
+        Op::Parameter { shape, dtype, .. } | Op::Full { shape, dtype, .. } => {
+            Ok(Meta::new(shape.clone(), *dtype))
+        }
         Op::Arange { len, dtype, .. } => Ok(Meta::new(shape(&[*len]), *dtype)),
         Op::Random { shape, dtype, .. } => {
             if !dtype.is_float() {
@@ -122,7 +129,8 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
         Op::Reduce { kind, axes, keepdim } => {
             let rank = shapes[0].len();
             check_axes(name, axes, rank)?;
-            if dtypes[0] == DType::Bool || (*kind == crate::ReduceOp::Mean && !dtypes[0].is_float()) {
+            if dtypes[0] == DType::Bool || (*kind == crate::ReduceOp::Mean && !dtypes[0].is_float())
+            {
                 return Err(Error::dtype(name, "input dtype not supported", &dtypes));
             }
             Ok(Meta::new(reduced_shape(shapes[0], axes, *keepdim), dtypes[0]))
@@ -133,14 +141,22 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
                 return Err(Error::dtype(name, "input dtype not supported", &dtypes));
             }
             if shapes[0][*axis] == 0 {
-                return Err(Error::shape(name, "cannot take an arg-reduction over an empty axis", &shapes));
+                return Err(Error::shape(
+                    name,
+                    "cannot take an arg-reduction over an empty axis",
+                    &shapes,
+                ));
             }
             Ok(Meta::new(reduced_shape(shapes[0], &[*axis], *keepdim), DType::I64))
         }
         Op::Expand { shape } => {
             let b = broadcast_shapes(name, shapes[0], shape)?;
             if b != *shape {
-                return Err(Error::shape(name, "cannot expand to a smaller or incompatible shape", &[shapes[0], shape]));
+                return Err(Error::shape(
+                    name,
+                    "cannot expand to a smaller or incompatible shape",
+                    &[shapes[0], shape],
+                ));
             }
             Ok(Meta::new(shape.clone(), dtypes[0]))
         }
@@ -155,11 +171,17 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
             let mut seen = vec![false; rank];
             for &p in perm {
                 if p >= rank || std::mem::replace(&mut seen[p], true) {
-                    return Err(Error::attr(name, format!("{perm:?} is not a permutation of 0..{rank}")));
+                    return Err(Error::attr(
+                        name,
+                        format!("{perm:?} is not a permutation of 0..{rank}"),
+                    ));
                 }
             }
             if perm.len() != rank {
-                return Err(Error::attr(name, format!("{perm:?} is not a permutation of 0..{rank}")));
+                return Err(Error::attr(
+                    name,
+                    format!("{perm:?} is not a permutation of 0..{rank}"),
+                ));
             }
             Ok(Meta::new(perm.iter().map(|&p| shapes[0][p]).collect(), dtypes[0]))
         }
@@ -188,8 +210,13 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
                     return Err(Error::dtype(name, "inputs must share one dtype", &dtypes));
                 }
                 let same_rank = m.shape.len() == first.shape.len();
-                if !same_rank || (0..out.len()).any(|i| i != *axis && m.shape[i] != first.shape[i]) {
-                    return Err(Error::shape(name, format!("inputs must match except along axis {axis}"), &shapes));
+                if !same_rank || (0..out.len()).any(|i| i != *axis && m.shape[i] != first.shape[i])
+                {
+                    return Err(Error::shape(
+                        name,
+                        format!("inputs must match except along axis {axis}"),
+                        &shapes,
+                    ));
                 }
                 out[*axis] += m.shape[*axis];
             }
@@ -206,7 +233,11 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
             let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
             let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
             if k != k2 {
-                return Err(Error::shape(name, format!("inner dimensions differ ({k} vs {k2})"), &shapes));
+                return Err(Error::shape(
+                    name,
+                    format!("inner dimensions differ ({k} vs {k2})"),
+                    &shapes,
+                ));
             }
             let mut out = broadcast_shapes(name, &a[..a.len() - 2], &b[..b.len() - 2])
                 .map_err(|_| Error::shape(name, "batch dimensions do not broadcast", &shapes))?;
@@ -228,7 +259,11 @@ fn check_row_op(op: &Op, name: &str, inputs: &[&Meta], axes: &[usize]) -> Result
     if matches!(op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) {
         let eps = inputs[1];
         if !eps.shape.is_empty() || eps.dtype != x.dtype {
-            return Err(Error::shape(name, "eps must be a zero-dimensional tensor of the input's dtype", &[&x.shape, &eps.shape]));
+            return Err(Error::shape(
+                name,
+                "eps must be a zero-dimensional tensor of the input's dtype",
+                &[&x.shape, &eps.shape],
+            ));
         }
     }
     Ok(x.clone())

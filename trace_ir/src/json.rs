@@ -20,7 +20,11 @@ const FORMAT_NAME: &str = "deferfuse-trace";
 
 impl Trace {
     pub fn to_json(&self) -> String {
-        let file = TraceFile { format: FORMAT_NAME.into(), version: TRACE_FORMAT_VERSION, trace: self.clone() };
+        let file = TraceFile {
+            format: FORMAT_NAME.into(),
+            version: TRACE_FORMAT_VERSION,
+            trace: self.clone(),
+        };
         serde_json::to_string_pretty(&file).expect("a trace always serializes")
     }
 
@@ -30,10 +34,13 @@ impl Trace {
             format: String,
             version: u32,
         }
-        let header: Header =
-            serde_json::from_str(text).map_err(|e| Error::InvalidTrace(format!("not a trace file: {e}")))?;
+        let header: Header = serde_json::from_str(text)
+            .map_err(|e| Error::InvalidTrace(format!("not a trace file: {e}")))?;
         if header.format != FORMAT_NAME {
-            return Err(Error::InvalidTrace(format!("format is {:?}, expected {FORMAT_NAME:?}", header.format)));
+            return Err(Error::InvalidTrace(format!(
+                "format is {:?}, expected {FORMAT_NAME:?}",
+                header.format
+            )));
         }
         if header.version != TRACE_FORMAT_VERSION {
             return Err(Error::InvalidTrace(format!(
@@ -41,7 +48,8 @@ impl Trace {
                 header.version
             )));
         }
-        let file: TraceFile = serde_json::from_str(text).map_err(|e| Error::InvalidTrace(e.to_string()))?;
+        let file: TraceFile =
+            serde_json::from_str(text).map_err(|e| Error::InvalidTrace(e.to_string()))?;
         file.trace.validate()?;
         Ok(file.trace)
     }

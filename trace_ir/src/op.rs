@@ -38,9 +38,23 @@ pub enum UnaryOp {
 
 impl UnaryOp {
     pub const ALL: [UnaryOp; 18] = [
-        UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt,
-        UnaryOp::Reciprocal, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::GeluErf,
-        UnaryOp::GeluTanh, UnaryOp::Silu, UnaryOp::Sin, UnaryOp::Cos, UnaryOp::Floor, UnaryOp::Sign,
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Reciprocal,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Floor,
+        UnaryOp::Sign,
         UnaryOp::LogicalNot,
     ];
 
@@ -54,10 +68,24 @@ impl UnaryOp {
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
         match self {
-            Neg => "neg", Abs => "abs", Exp => "exp", Log => "log", Sqrt => "sqrt", Rsqrt => "rsqrt",
-            Reciprocal => "reciprocal", Tanh => "tanh", Sigmoid => "sigmoid", Relu => "relu",
-            GeluErf => "gelu_erf", GeluTanh => "gelu_tanh", Silu => "silu", Sin => "sin", Cos => "cos",
-            Floor => "floor", Sign => "sign", LogicalNot => "logical_not",
+            Neg => "neg",
+            Abs => "abs",
+            Exp => "exp",
+            Log => "log",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Reciprocal => "reciprocal",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Relu => "relu",
+            GeluErf => "gelu_erf",
+            GeluTanh => "gelu_tanh",
+            Silu => "silu",
+            Sin => "sin",
+            Cos => "cos",
+            Floor => "floor",
+            Sign => "sign",
+            LogicalNot => "logical_not",
         }
     }
 }
@@ -84,9 +112,21 @@ pub enum BinaryOp {
 
 impl BinaryOp {
     pub const ALL: [BinaryOp; 15] = [
-        BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Maximum,
-        BinaryOp::Minimum, BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt,
-        BinaryOp::Ge, BinaryOp::LogicalAnd, BinaryOp::LogicalOr,
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+        BinaryOp::LogicalAnd,
+        BinaryOp::LogicalOr,
     ];
 
     /// Comparisons and logical ops produce bool.
@@ -102,9 +142,21 @@ impl BinaryOp {
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
         match self {
-            Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow", Maximum => "maximum",
-            Minimum => "minimum", Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge",
-            LogicalAnd => "logical_and", LogicalOr => "logical_or",
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Eq => "eq",
+            Ne => "ne",
+            Lt => "lt",
+            Le => "le",
+            Gt => "gt",
+            Ge => "ge",
+            LogicalAnd => "logical_and",
+            LogicalOr => "logical_or",
         }
     }
 }
@@ -155,7 +207,11 @@ pub enum Distribution {
 pub enum Op {
     /// A runtime input: a materialized buffer or a scalar the user passed.
     /// Its data never enters the signature.
-    Parameter { index: usize, shape: Shape, dtype: DType },
+    Parameter {
+        index: usize,
+        shape: Shape,
+        dtype: DType,
+    },
     /// A literal constant filled with one value.
     Full {
         #[serde(with = "crate::literal")]
@@ -174,22 +230,54 @@ pub enum Op {
     },
     /// Pseudo-random values, a pure function of `seed` and the element index,
     /// so every mode and every backend draws the same numbers.
-    Random { seed: u64, dist: Distribution, shape: Shape, dtype: DType },
-    Unary { kind: UnaryOp },
+    Random {
+        seed: u64,
+        dist: Distribution,
+        shape: Shape,
+        dtype: DType,
+    },
+    Unary {
+        kind: UnaryOp,
+    },
     /// Elementwise with NumPy broadcasting; both inputs share one dtype.
-    Binary { kind: BinaryOp },
+    Binary {
+        kind: BinaryOp,
+    },
     /// `cond ? a : b` with broadcasting; `cond` is bool.
     Where,
-    Cast { to: DType },
-    Reduce { kind: ReduceOp, axes: Axes, keepdim: bool },
-    ArgReduce { kind: ArgReduceOp, axis: usize, keepdim: bool },
+    Cast {
+        to: DType,
+    },
+    Reduce {
+        kind: ReduceOp,
+        axes: Axes,
+        keepdim: bool,
+    },
+    ArgReduce {
+        kind: ArgReduceOp,
+        axis: usize,
+        keepdim: bool,
+    },
     /// Broadcast to a larger shape (PyTorch's `expand`).
-    Expand { shape: Shape },
-    Reshape { shape: Shape },
-    Permute { perm: Axes },
+    Expand {
+        shape: Shape,
+    },
+    Reshape {
+        shape: Shape,
+    },
+    Permute {
+        perm: Axes,
+    },
     /// Elements `start, start + step, ...` below `stop` along `axis`.
-    Slice { axis: usize, start: usize, stop: usize, step: usize },
-    Concat { axis: usize },
+    Slice {
+        axis: usize,
+        start: usize,
+        stop: usize,
+        step: usize,
+    },
+    Concat {
+        axis: usize,
+    },
     /// Batched matrix product over the last two dimensions; batch dimensions broadcast.
     MatMul,
     /// Fused forms. Users never record these (the engine builds composites
@@ -197,14 +285,22 @@ pub enum Op {
     /// lift them here so the planner can emit one kernel per pattern.
     ///
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
-    Softmax { axis: usize },
+    Softmax {
+        axis: usize,
+    },
     /// `x - max - log(sum(exp(x - max)))` along `axis`.
-    LogSoftmax { axis: usize },
+    LogSoftmax {
+        axis: usize,
+    },
     /// `(x - mean) * rsqrt(var + eps)` over `axes` (biased variance); inputs
     /// `x` and a zero-dimensional `eps` of the same dtype.
-    LayerNorm { axes: Axes },
+    LayerNorm {
+        axes: Axes,
+    },
     /// `x * rsqrt(mean(x * x) + eps)` over `axes`; inputs `x` and `eps`.
-    RmsNorm { axes: Axes },
+    RmsNorm {
+        axes: Axes,
+    },
 }
 
 impl Op {
@@ -252,12 +348,18 @@ impl Op {
 
     /// Ops that read no other node.
     pub fn is_source(&self) -> bool {
-        matches!(self, Op::Parameter { .. } | Op::Full { .. } | Op::Arange { .. } | Op::Random { .. })
+        matches!(
+            self,
+            Op::Parameter { .. } | Op::Full { .. } | Op::Arange { .. } | Op::Random { .. }
+        )
     }
 
     /// The fused forms that only the rewrites produce.
     pub fn is_fused_form(&self) -> bool {
-        matches!(self, Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. })
+        matches!(
+            self,
+            Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. }
+        )
     }
 
     /// Elementwise ops: output element i depends only on input elements at i

@@ -76,7 +76,10 @@ pub fn normalize_axis(op: &str, axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a >= r.max(1) || (rank == 0 && a != 0) {
-        return Err(Error::attr(op, format!("axis {axis} is out of range for a tensor of rank {rank}")));
+        return Err(Error::attr(
+            op,
+            format!("axis {axis} is out of range for a tensor of rank {rank}"),
+        ));
     }
     Ok(a as usize)
 }

@@ -112,7 +112,8 @@ pub fn stable_hash64(bytes: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let step = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
     let mut chunks = bytes.chunks_exact(8);
-    let mut h = (&mut chunks).fold(bytes.len() as u64, |h, c| step(h, u64::from_le_bytes(c.try_into().unwrap())));
+    let mut h = (&mut chunks)
+        .fold(bytes.len() as u64, |h, c| step(h, u64::from_le_bytes(c.try_into().unwrap())));
     let mut tail = [0u8; 8];
     tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
     h = step(h, u64::from_le_bytes(tail));

@@ -46,7 +46,10 @@ impl Trace {
     /// Appends an op after checking it against its inputs.
     pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
         if let Some(&bad) = inputs.iter().find(|&&i| i >= self.nodes.len()) {
-            return Err(Error::InvalidTrace(format!("{}: input node {bad} does not exist", op.name())));
+            return Err(Error::InvalidTrace(format!(
+                "{}: input node {bad} does not exist",
+                op.name()
+            )));
         }
         let metas: SmallVec<[&Meta; 3]> = inputs.iter().map(|&i| &self.nodes[i].meta).collect();
         let meta = infer(&op, &metas)?;
@@ -58,7 +61,11 @@ impl Trace {
     /// Adds the next runtime input.
     pub fn push_parameter(&mut self, meta: Meta) -> NodeId {
         let index = self.num_parameters();
-        self.nodes.push(Node { op: Op::Parameter { index, shape: meta.shape.clone(), dtype: meta.dtype }, inputs: SmallVec::new(), meta });
+        self.nodes.push(Node {
+            op: Op::Parameter { index, shape: meta.shape.clone(), dtype: meta.dtype },
+            inputs: SmallVec::new(),
+            meta,
+        });
         self.nodes.len() - 1
     }
 
@@ -141,8 +148,10 @@ impl Trace {
                     node.op.name()
                 )));
             }
-            let metas: SmallVec<[&Meta; 3]> = node.inputs.iter().map(|&i| &self.nodes[i].meta).collect();
-            let inferred = infer(&node.op, &metas).map_err(|e| Error::InvalidTrace(format!("node {id}: {e}")))?;
+            let metas: SmallVec<[&Meta; 3]> =
+                node.inputs.iter().map(|&i| &self.nodes[i].meta).collect();
+            let inferred = infer(&node.op, &metas)
+                .map_err(|e| Error::InvalidTrace(format!("node {id}: {e}")))?;
             if inferred != node.meta {
                 return Err(Error::InvalidTrace(format!(
                     "node {id} ({}) claims shape {:?} {} but its inputs give {:?} {}",
@@ -159,10 +168,16 @@ impl Trace {
         }
         seen_params.sort_unstable();
         if seen_params.iter().enumerate().any(|(i, &p)| i != p) {
-            return Err(Error::InvalidTrace(format!("parameter indices {seen_params:?} are not 0..{}", seen_params.len())));
+            return Err(Error::InvalidTrace(format!(
+                "parameter indices {seen_params:?} are not 0..{}",
+                seen_params.len()
+            )));
         }
         if let Some(&bad) = self.outputs.iter().find(|&&o| o >= self.nodes.len()) {
-            return Err(Error::InvalidTrace(format!("output {bad} does not exist ({} nodes)", self.nodes.len())));
+            return Err(Error::InvalidTrace(format!(
+                "output {bad} does not exist ({} nodes)",
+                self.nodes.len()
+            )));
         }
         Ok(())
     }

@@ -8,11 +8,13 @@ fn sample() -> Trace {
     let mut t = Trace::new();
     let x = t.push_parameter(Meta::new(shape(&[4, 3]), DType::F32));
     let b = t.push_parameter(Meta::new(shape(&[3]), DType::F32));
-    let c = t.push(Op::Full { value: f64::NAN, shape: shape(&[]), dtype: DType::F32 }, &[]).unwrap();
+    let c =
+        t.push(Op::Full { value: f64::NAN, shape: shape(&[]), dtype: DType::F32 }, &[]).unwrap();
     let y = t.push(Op::Binary { kind: BinaryOp::Add }, &[x, b]).unwrap();
     let y = t.push(Op::Binary { kind: BinaryOp::Mul }, &[y, c]).unwrap();
     let z = t.push(Op::Unary { kind: UnaryOp::Exp }, &[y]).unwrap();
-    let s = t.push(Op::Reduce { kind: ReduceOp::Sum, axes: shape(&[1]), keepdim: true }, &[z]).unwrap();
+    let s =
+        t.push(Op::Reduce { kind: ReduceOp::Sum, axes: shape(&[1]), keepdim: true }, &[z]).unwrap();
     t.outputs = vec![s, z];
     t
 }

@@ -121,16 +121,30 @@ impl Runner {
             peak_bytes: 0,
             extra_bytes: 0,
         };
-        let mut r = Runner { ctx, inputs: w.inputs, step: w.step, carried: w.carried, cold, live_before: 0, times: Vec::new() };
+        let mut r = Runner {
+            ctx,
+            inputs: w.inputs,
+            step: w.step,
+            carried: w.carried,
+            cold,
+            live_before: 0,
+            times: Vec::new(),
+        };
         let cache_before = r.ctx.stats().cache;
         r.cold.cold_ms = r.step()?;
         let cache = r.ctx.stats().cache;
         r.cold.compile_ms = (cache.compile_ns - cache_before.compile_ns) as f64 / 1e6;
-        r.cold.prepare_ms =
-            r.cold.compile_ms + (cache.rewrite_ns - cache_before.rewrite_ns + cache.plan_ns - cache_before.plan_ns) as f64 / 1e6;
+        r.cold.prepare_ms = r.cold.compile_ms
+            + (cache.rewrite_ns - cache_before.rewrite_ns + cache.plan_ns - cache_before.plan_ns)
+                as f64
+                / 1e6;
         if let Some(f) = r.ctx.last_flush() {
-            r.cold.rules =
-                format!("{} kernels for {} trace nodes; rules: {:?}", f.kernels, f.trace_nodes, f.rules_fired.unwrap_or_default());
+            r.cold.rules = format!(
+                "{} kernels for {} trace nodes; rules: {:?}",
+                f.kernels,
+                f.trace_nodes,
+                f.rules_fired.unwrap_or_default()
+            );
         }
         r.live_before = r.ctx.memory().live_bytes;
         r.ctx.reset_peak_memory();
@@ -173,7 +187,13 @@ impl Runner {
     }
 }
 
-fn measure(mode: Mode, backend: BackendKind, name: &str, size: Size, runs: usize) -> Result<Measured> {
+fn measure(
+    mode: Mode,
+    backend: BackendKind,
+    name: &str,
+    size: Size,
+    runs: usize,
+) -> Result<Measured> {
     let mut r = Runner::start(mode, backend, name, size)?;
     r.run(runs)?;
     Ok(r.finish())
@@ -215,15 +235,24 @@ struct JaxPeer {
 }
 
 impl JaxPeer {
-    fn start(quick: bool, plugin: Option<&std::path::Path>, donate: bool) -> std::result::Result<JaxPeer, String> {
+    fn start(
+        quick: bool,
+        plugin: Option<&std::path::Path>,
+        donate: bool,
+    ) -> std::result::Result<JaxPeer, String> {
         use std::process::{Command, Stdio};
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let python = root.join(".venv-bench/bin/python");
         if !python.is_file() {
-            return Err(format!("{} is missing: run `bash benches/peers/setup_jax.sh` first", python.display()));
+            return Err(format!(
+                "{} is missing: run `bash benches/peers/setup_jax.sh` first",
+                python.display()
+            ));
         }
-        let log = std::env::temp_dir().join(format!("deferfuse-jax-peer-{}.log", std::process::id()));
-        let stderr = std::fs::File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let log =
+            std::env::temp_dir().join(format!("deferfuse-jax-peer-{}.log", std::process::id()));
+        let stderr = std::fs::File::create(&log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let mut cmd = Command::new(&python);
         cmd.arg(root.join("benches/peers/jax_workloads.py")).arg("--serve");
         if quick {
@@ -251,10 +280,16 @@ impl JaxPeer {
         use std::io::{BufRead, Write};
         let failed = |this: &Self, what: String| {
             let log = std::fs::read_to_string(&this.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().filter(|l| !l.contains("Unsupported fusion type")).collect();
-            format!("the jax peer failed ({what}): {}", tail[tail.len().saturating_sub(20)..].join("\n"))
+            let tail: Vec<&str> =
+                log.lines().filter(|l| !l.contains("Unsupported fusion type")).collect();
+            format!(
+                "the jax peer failed ({what}): {}",
+                tail[tail.len().saturating_sub(20)..].join("\n")
+            )
         };
-        writeln!(self.stdin, "{request}").and_then(|_| self.stdin.flush()).map_err(|e| failed(self, e.to_string()))?;
+        writeln!(self.stdin, "{request}")
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| failed(self, e.to_string()))?;
         let mut line = String::new();
         loop {
             line.clear();
@@ -270,14 +305,19 @@ impl JaxPeer {
     /// Compiles and warms up `name`; returns its compile time.
     fn prepare(&mut self, name: &str) -> std::result::Result<f64, String> {
         let line = self.ask(&format!("prepare {name}"))?;
-        number(&line, "jax_compile_ms").ok_or_else(|| format!("unreadable answer from the jax peer: {line}"))
+        number(&line, "jax_compile_ms")
+            .ok_or_else(|| format!("unreadable answer from the jax peer: {line}"))
     }
 
     /// `n` timed steps of the prepared workload.
     fn run(&mut self, n: usize) -> std::result::Result<Vec<f64>, String> {
         let line = self.ask(&format!("run {n}"))?;
         let list = line.split('[').nth(1).and_then(|r| r.split(']').next()).unwrap_or_default();
-        list.split(',').map(|v| v.trim().parse().map_err(|_| format!("unreadable answer from the jax peer: {line}"))).collect()
+        list.split(',')
+            .map(|v| {
+                v.trim().parse().map_err(|_| format!("unreadable answer from the jax peer: {line}"))
+            })
+            .collect()
     }
 }
 
@@ -335,11 +375,15 @@ fn main() -> Result<()> {
             // has none: jax then uses jaxlib's own CPU client). DeferAndFuse
             // donates the Adam step's old state (on both backends), so jax
             // donates it too.
-            let plugin = Context::new(Config { backend: args.backend, ..Config::default() })?.backend_plugin();
+            let plugin = Context::new(Config { backend: args.backend, ..Config::default() })?
+                .backend_plugin();
             if let Some(p) = &plugin {
                 println!("jax peer on the PJRT plugin {}", p.display());
             }
-            Some(JaxPeer::start(args.quick, plugin.as_deref(), true).map_err(|e| deferfuse::Error::backend("jax peer", e))?)
+            Some(
+                JaxPeer::start(args.quick, plugin.as_deref(), true)
+                    .map_err(|e| deferfuse::Error::backend("jax peer", e))?,
+            )
         }
         false => None,
     };

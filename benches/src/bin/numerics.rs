@@ -8,13 +8,17 @@
 //!
 //! `cargo run --release -p benches --bin numerics [-- --json] [--tiny] [--workload NAME]`
 
-use benches::reference64::{error_stats, reference, run_step, workload_inputs, ErrorStats, HostInput, RELATIVE_FLOOR};
+use benches::reference64::{
+    error_stats, reference, run_step, workload_inputs, ErrorStats, HostInput, RELATIVE_FLOOR,
+};
 use benches::{Size, NAMES};
 use clap::Parser;
 use deferfuse::{Config, DType, FusedRounding, HostData, Mode, Result};
 
 #[derive(Parser)]
-#[command(about = "Errors of Strict and fused bf16 (rounding once or per op) against an f64 reference")]
+#[command(
+    about = "Errors of Strict and fused bf16 (rounding once or per op) against an f64 reference"
+)]
 struct Args {
     /// One JSON object per workload instead of a table.
     #[arg(long)]
@@ -29,7 +33,8 @@ struct Args {
 
 /// The ways a workload runs, as (label, config); Strict comes first.
 fn ways() -> Vec<(&'static str, Config)> {
-    let fused = |fused_rounding| Config { mode: Mode::DeferAndFuse, fused_rounding, ..Config::default() };
+    let fused =
+        |fused_rounding| Config { mode: Mode::DeferAndFuse, fused_rounding, ..Config::default() };
     vec![
         ("strict", Config { mode: Mode::Strict, ..Config::default() }),
         ("once", fused(FusedRounding::Once)),
@@ -60,14 +65,21 @@ impl OutputReport {
 /// Elements whose bits differ (NaNs of any payload count as equal).
 fn bit_differences(a: &HostData, b: &HostData) -> usize {
     let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
-    let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())).count();
+    let differ = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+        .count();
     differ + a.len().abs_diff(b.len())
 }
 
 fn measure(name: &str, size: Size) -> Result<Vec<OutputReport>> {
     let (inputs, step) = workload_inputs(name, size, DType::BF16)?;
     let expected = reference(name, &inputs.iter().map(HostInput::to_array).collect::<Vec<_>>())?;
-    let results = ways().into_iter().map(|(label, config)| Ok((label, run_step(config, step, &inputs)?))).collect::<Result<Vec<_>>>()?;
+    let results = ways()
+        .into_iter()
+        .map(|(label, config)| Ok((label, run_step(config, step, &inputs)?)))
+        .collect::<Result<Vec<_>>>()?;
     let strict = &results[0].1;
     Ok((0..expected.len())
         .map(|i| OutputReport {
@@ -128,10 +140,17 @@ fn print_table(rows: &[(String, Vec<OutputReport>)]) {
     let head: Vec<String> = shown.iter().map(|l| format!("{l:^29}")).collect();
     println!("{:<20} {:>8} | {} | {:>9}", "", "", head.join(" | "), "per_op");
     let sub = format!("{:>9} {:>9} {:>9}", "max_abs", "max_rel", "rms");
-    println!("{:<20} {:>8} | {} | {:>9}", "workload", "numel", [sub.as_str(); 3].join(" | "), "!=strict");
+    println!(
+        "{:<20} {:>8} | {} | {:>9}",
+        "workload",
+        "numel",
+        [sub.as_str(); 3].join(" | "),
+        "!=strict"
+    );
     for (name, outputs) in rows {
         for o in outputs {
-            let label = if outputs.len() > 1 { format!("{name}[{}]", o.output) } else { name.clone() };
+            let label =
+                if outputs.len() > 1 { format!("{name}[{}]", o.output) } else { name.clone() };
             let cells: Vec<String> = shown
                 .iter()
                 .map(|l| {
@@ -149,10 +168,19 @@ fn print_table(rows: &[(String, Vec<OutputReport>)]) {
                 .ways
                 .iter()
                 .filter(|w| w.errors.nonfinite_agree + w.errors.nonfinite_disagree > 0)
-                .map(|w| format!("{} {}/{}", w.label, w.errors.nonfinite_agree, w.errors.nonfinite_disagree))
+                .map(|w| {
+                    format!(
+                        "{} {}/{}",
+                        w.label, w.errors.nonfinite_agree, w.errors.nonfinite_disagree
+                    )
+                })
                 .collect();
             if !nonfinite.is_empty() {
-                println!("{:<20} non-finite, left out (agree/disagree with the reference): {}", "", nonfinite.join(", "));
+                println!(
+                    "{:<20} non-finite, left out (agree/disagree with the reference): {}",
+                    "",
+                    nonfinite.join(", ")
+                );
             }
         }
     }
@@ -161,7 +189,11 @@ fn print_table(rows: &[(String, Vec<OutputReport>)]) {
 fn main() -> Result<()> {
     let args = Args::parse();
     let size = if args.tiny { Size::Tiny } else { Size::Quick };
-    let names: Vec<String> = if args.workload.is_empty() { NAMES.iter().map(|s| s.to_string()).collect() } else { args.workload.clone() };
+    let names: Vec<String> = if args.workload.is_empty() {
+        NAMES.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.workload.clone()
+    };
     let mut rows = Vec::new();
     for name in names {
         let outputs = measure(&name, size)?;

@@ -10,7 +10,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _handles, _state, lowerings as _lowerings
+from . import _handles, _state
+from . import lowerings as _lowerings
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
 from .lowerings import LOWERINGS, Unsupported
@@ -19,8 +20,21 @@ aten = torch.ops.aten
 
 # Identity and copy ops that PyTorch's own composite kernels handle (they end in
 # `empty` and `_copy_from`, which are ours).
-LEFT_TO_TORCH = {"_to_copy", "detach", "alias", "lift_fresh", "copy_", "to", "contiguous", "_copy_from",
-                 "_copy_from_and_resize", "_local_scalar_dense", "resize_", "set_", "_has_compatible_shallow_copy_type"}
+LEFT_TO_TORCH = {
+    "_to_copy",
+    "detach",
+    "alias",
+    "lift_fresh",
+    "copy_",
+    "to",
+    "contiguous",
+    "_copy_from",
+    "_copy_from_and_resize",
+    "_local_scalar_dense",
+    "resize_",
+    "set_",
+    "_has_compatible_shallow_copy_type",
+}
 
 _libs: list[torch.library.Library] = []
 
@@ -65,7 +79,9 @@ def _map_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 # ---- the CPU fallback ----------------------------------------------------------
 
 
-def _mutated_args(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int | str]]:
+def _mutated_args(
+    op: torch._ops.OpOverload, args: tuple, kwargs: dict
+) -> list[tuple[torch.Tensor, int | str]]:
     """The `tpu` tensors the op writes to, with their position or name."""
     out = []
     for i, a in enumerate(op._schema.arguments):
@@ -77,7 +93,9 @@ def _mutated_args(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[
     return out
 
 
-def cpu_fallback(op: torch._ops.OpOverload, *args: Any, why: str = "no engine lowering yet", **kwargs: Any) -> Any:
+def cpu_fallback(
+    op: torch._ops.OpOverload, *args: Any, why: str = "no engine lowering yet", **kwargs: Any
+) -> Any:
     name = op.name()
     _state.count_fallback(name, why)
 
@@ -90,7 +108,11 @@ def cpu_fallback(op: torch._ops.OpOverload, *args: Any, why: str = "no engine lo
 
     cpu_args = tree_map(to_cpu_arg, args)
     cpu_kwargs = tree_map(to_cpu_arg, kwargs)
-    if "device" in cpu_kwargs and cpu_kwargs["device"] is not None and str(cpu_kwargs["device"]).startswith("tpu"):
+    if (
+        "device" in cpu_kwargs
+        and cpu_kwargs["device"] is not None
+        and str(cpu_kwargs["device"]).startswith("tpu")
+    ):
         cpu_kwargs["device"] = torch.device("cpu")
     result = op(*cpu_args, **cpu_kwargs)
     mutated = _mutated_args(op, args, kwargs)
@@ -121,8 +143,11 @@ def _store(t: torch.Tensor, value: torch.Tensor) -> None:
 
 def _resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
     """Gives `t` a new shape and a fresh root (what `out=` resizing does)."""
-    fresh = new_tensor(_state.engine().full(0.0, list(shape), _handles.TO_ENGINE[t.dtype])) if t.dtype in _handles.TO_ENGINE \
+    fresh = (
+        new_tensor(_state.engine().full(0.0, list(shape), _handles.TO_ENGINE[t.dtype]))
+        if t.dtype in _handles.TO_ENGINE
         else new_tensor(torch.zeros(shape, dtype=t.dtype))
+    )
     with torch.no_grad():
         t.data = fresh
 
@@ -179,7 +204,9 @@ def _broadcastable(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
     return all(s == d or s == 1 for s, d in zip(src[::-1], dst[::-1]))
 
 
-def out_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any], out_names: list[str]) -> Callable[..., Any]:
+def out_kernel(
+    op: torch._ops.OpOverload, lowering: Callable[..., Any], out_names: list[str]
+) -> Callable[..., Any]:
     """`foo(..., out=o)`: the functional lowering, written into `o`."""
     name = op.name()
 
@@ -243,7 +270,7 @@ def inplace_view_kernel(op: torch._ops.OpOverload, view: torch._ops.OpOverload) 
 
 def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
     """`_foreach_foo(lists...)`: `foo` on each element, through the dispatcher."""
-    base = op._schema.name.split("::")[1][len("_foreach_"):]
+    base = op._schema.name.split("::")[1][len("_foreach_") :]
     inplace = base.endswith("_")
     single = getattr(aten, base)
     # Foreach ops pass some scalars positionally that `foo` takes by keyword
@@ -310,17 +337,47 @@ def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
 #: are listed (see bindings/conformance/opinfo.py); the others would trade one
 #: CPU fallback for several. `_DEFERFUSE_DECOMPOSE=all` (a developer knob, read
 #: at import) tries every decomposition, to find new ones.
-DECOMPOSED: frozenset[str] = frozenset({
-    "aten::_prelu_kernel", "aten::aminmax", "aten::channel_shuffle", "aten::clamp_max.Tensor",
-    "aten::clamp_min.Tensor", "aten::clamp_min_.Tensor", "aten::count_nonzero.dim_IntList", "aten::cumprod",
-    "aten::floor_divide", "aten::glu", "aten::hardshrink", "aten::heaviside", "aten::huber_loss",
-    "aten::isin.Tensor_Tensor", "aten::log_sigmoid_forward", "aten::logaddexp", "aten::logaddexp2", "aten::mish",
-    "aten::mse_loss", "aten::multi_margin_loss", "aten::multilabel_margin_loss_forward", "aten::nan_to_num.out",
-    "aten::nansum", "aten::narrow_copy", "aten::native_dropout_backward", "aten::norm.ScalarOpt_dim",
-    "aten::pixel_shuffle", "aten::pixel_unshuffle", "aten::renorm", "aten::sinc", "aten::smooth_l1_loss",
-    "aten::softshrink", "aten::special_entr", "aten::special_xlog1py", "aten::trace", "aten::vdot",
-    "aten::xlogy.Tensor",
-})
+DECOMPOSED: frozenset[str] = frozenset(
+    {
+        "aten::_prelu_kernel",
+        "aten::aminmax",
+        "aten::channel_shuffle",
+        "aten::clamp_max.Tensor",
+        "aten::clamp_min.Tensor",
+        "aten::clamp_min_.Tensor",
+        "aten::count_nonzero.dim_IntList",
+        "aten::cumprod",
+        "aten::floor_divide",
+        "aten::glu",
+        "aten::hardshrink",
+        "aten::heaviside",
+        "aten::huber_loss",
+        "aten::isin.Tensor_Tensor",
+        "aten::log_sigmoid_forward",
+        "aten::logaddexp",
+        "aten::logaddexp2",
+        "aten::mish",
+        "aten::mse_loss",
+        "aten::multi_margin_loss",
+        "aten::multilabel_margin_loss_forward",
+        "aten::nan_to_num.out",
+        "aten::nansum",
+        "aten::narrow_copy",
+        "aten::native_dropout_backward",
+        "aten::norm.ScalarOpt_dim",
+        "aten::pixel_shuffle",
+        "aten::pixel_unshuffle",
+        "aten::renorm",
+        "aten::sinc",
+        "aten::smooth_l1_loss",
+        "aten::softshrink",
+        "aten::special_entr",
+        "aten::special_xlog1py",
+        "aten::trace",
+        "aten::vdot",
+        "aten::xlogy.Tensor",
+    }
+)
 
 _decomposing: set[str] = set()
 
@@ -370,8 +427,11 @@ def _decompositions() -> dict[str, Callable[..., Any]]:
     from torch._decomp import decomposition_table
 
     every = os.environ.get("_DEFERFUSE_DECOMPOSE") == "all"
-    return {op.name(): fn for op, fn in decomposition_table.items()
-            if isinstance(op, torch._ops.OpOverload) and (every or op.name() in DECOMPOSED)}
+    return {
+        op.name(): fn
+        for op, fn in decomposition_table.items()
+        if isinstance(op, torch._ops.OpOverload) and (every or op.name() in DECOMPOSED)
+    }
 
 
 # ---- copies, items, empties -------------------------------------------------
@@ -414,8 +474,14 @@ def compatible_shallow_copy_type(self: torch.Tensor, from_: torch.Tensor) -> boo
     """Both are plain strided tensors (the same C++ TensorImpl), so `.data =`
     may move one between the CPU and `tpu`. `Module.to("tpu")` then keeps
     each Parameter object, and with it weight tying."""
-    return self.layout == torch.strided and from_.layout == torch.strided and not self.is_quantized \
-        and not from_.is_quantized and not self.is_nested and not from_.is_nested
+    return (
+        self.layout == torch.strided
+        and from_.layout == torch.strided
+        and not self.is_quantized
+        and not from_.is_quantized
+        and not self.is_nested
+        and not from_.is_nested
+    )
 
 
 def resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
@@ -513,18 +579,27 @@ def register() -> None:
     impl("select_scatter", scatter_kernel(aten.select.int))
     impl("diagonal_scatter", scatter_kernel(aten.diagonal.default))
     impl("as_strided_scatter", scatter_kernel(aten.as_strided.default))
-    impl("convolution_overrideable", with_fallback(
-        _lowerings.convolution, cpu_twin(aten.convolution_overrideable.default, aten.convolution.default)))
-    impl("convolution_backward_overrideable",
-         cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default))
+    impl(
+        "convolution_overrideable",
+        with_fallback(
+            _lowerings.convolution, cpu_twin(aten.convolution_overrideable.default, aten.convolution.default)
+        ),
+    )
+    impl(
+        "convolution_backward_overrideable",
+        cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default),
+    )
     for name, lowering in LOWERINGS.items():
         packet, _, overload = name.partition(".")
         try:
             op = getattr(getattr(aten, packet), overload)
         except AttributeError:
             continue  # a generic table entry (e.g. `maximum.Tensor`) that this op lacks
-        if not _has_kernel(op.name(), "CompositeImplicitAutograd") and not _has_kernel(op.name(), "CPU") \
-                and not _has_kernel(op.name(), "CompositeExplicitAutograd"):
+        if (
+            not _has_kernel(op.name(), "CompositeImplicitAutograd")
+            and not _has_kernel(op.name(), "CPU")
+            and not _has_kernel(op.name(), "CompositeExplicitAutograd")
+        ):
             continue  # no such overload
         if _has_kernel(op.name(), "CompositeImplicitAutograd"):
             # A backend kernel would replace the decomposition that autograd differentiates.
@@ -534,7 +609,7 @@ def register() -> None:
     for qualified in torch._C._dispatch_get_all_op_names():
         if not qualified.startswith("aten::"):
             continue
-        full = qualified[len("aten::"):]
+        full = qualified[len("aten::") :]
         packet_name, _, overload = full.partition(".")
         key = f"{packet_name}.{overload or 'default'}"
         if key in done or packet_name in LEFT_TO_TORCH:
@@ -556,7 +631,7 @@ def register() -> None:
             impl(key, inplace_view_kernel(op, view_twin))
             continue
         if packet_name.startswith("_foreach_"):
-            single = packet_name[len("_foreach_"):]
+            single = packet_name[len("_foreach_") :]
             if hasattr(aten, single) and not overload.startswith("out") and "out" not in overload:
                 impl(key, foreach_kernel(op))
                 continue
@@ -566,7 +641,9 @@ def register() -> None:
             if base.endswith("_"):
                 impl(key, inplace_kernel(op, LOWERINGS[twin]))
             else:
-                outs = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+                outs = [
+                    a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+                ]
                 impl(key, out_kernel(op, LOWERINGS[twin], outs))
             continue
         # No decomposition in C++: PyTorch's Python decomposition where it

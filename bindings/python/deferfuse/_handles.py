@@ -72,7 +72,9 @@ def handle(t: torch.Tensor) -> Handle:
     return h
 
 
-def new_tensor(value: Value, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+def new_tensor(
+    value: Value, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """A fresh `tpu` tensor owning `value`."""
     shape = tuple(value.shape)
     t = _create(shape, TO_TORCH[value.dtype] if type(value) is _engine.Tensor else value.dtype)

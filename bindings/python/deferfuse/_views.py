@@ -66,7 +66,9 @@ def plan(numel: int, spec: Spec) -> Plan | None:
     perm = [order.index(i) for i in real]
     real_shape = [sizes[i] if i in real else 1 for i in range(len(sizes))]
     broadcast = any(n > 1 and strides[i] == 0 for i, n in enumerate(sizes))
-    return Plan(padded, grid, starts, lengths, [sizes[i] for i in order], perm, real_shape, list(sizes), broadcast)
+    return Plan(
+        padded, grid, starts, lengths, [sizes[i] for i in order], perm, real_shape, list(sizes), broadcast
+    )
 
 
 def _flat_padded(root: _engine.Tensor, padded: int) -> _engine.Tensor:
@@ -84,8 +86,10 @@ def _is_reshape(numel: int, spec: Spec) -> bool:
     for n in reversed(sizes):
         expected.append(acc)
         acc *= max(n, 1)
-    return offset == 0 and math.prod(sizes) == numel and all(
-        n == 1 or s == e for n, s, e in zip(sizes, strides, reversed(expected))
+    return (
+        offset == 0
+        and math.prod(sizes) == numel
+        and all(n == 1 or s == e for n, s, e in zip(sizes, strides, reversed(expected)))
     )
 
 

@@ -36,7 +36,8 @@ impl Drop for TempDir {
 
 /// A DeferAndFuse context that dumps every flush into `dir`.
 pub fn dumping_context(dir: &Path) -> Context {
-    let config = Config { fusion_dump: Some(dir.to_path_buf()), ..Config::with_mode(Mode::DeferAndFuse) };
+    let config =
+        Config { fusion_dump: Some(dir.to_path_buf()), ..Config::with_mode(Mode::DeferAndFuse) };
     Context::new(config).unwrap()
 }
 
@@ -110,7 +111,8 @@ pub fn transformer_block(t: &[Tensor]) -> Result<Tensor> {
 }
 
 /// The six workloads' names, as in `benches`.
-pub const WORKLOADS: [&str; 6] = ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"];
+pub const WORKLOADS: [&str; 6] =
+    ["gelu_tanh", "layer_norm", "softmax", "mlp_block", "adam_step", "transformer_block"];
 
 /// Runs workload `name` once in a fresh dumping context (with `batch` rows
 /// where the workload has a batch) and returns the one dump its flush wrote.
@@ -125,7 +127,11 @@ pub fn run_workload_in(ctx: &Context, dir: &Path, name: &str, batch: usize) -> P
     let outputs = match name {
         "gelu_tanh" => vec![gelu_tanh(&input(ctx, &[batch, 256], 1, 3.0)).unwrap()],
         "layer_norm" => {
-            let (x, g, b) = (input(ctx, &[batch, 128], 2, 1.0), input(ctx, &[128], 3, 1.0), input(ctx, &[128], 4, 0.1));
+            let (x, g, b) = (
+                input(ctx, &[batch, 128], 2, 1.0),
+                input(ctx, &[128], 3, 1.0),
+                input(ctx, &[128], 4, 0.1),
+            );
             vec![layer_norm(&x, &g, &b).unwrap()]
         }
         "softmax" => vec![softmax(&input(ctx, &[batch, 128], 5, 2.0)).unwrap()],
@@ -150,10 +156,16 @@ pub fn run_workload_in(ctx: &Context, dir: &Path, name: &str, batch: usize) -> P
         "transformer_block" => {
             let (seq, width) = (16, 64);
             let mut t = vec![input(ctx, &[batch, seq, width], 20, 1.0)];
-            for (i, shape) in
-                [[width, width], [width, width], [width, width], [width, width], [4 * width, width], [width, 4 * width]]
-                    .iter()
-                    .enumerate()
+            for (i, shape) in [
+                [width, width],
+                [width, width],
+                [width, width],
+                [width, width],
+                [4 * width, width],
+                [width, 4 * width],
+            ]
+            .iter()
+            .enumerate()
             {
                 t.push(input(ctx, shape, 21 + i as u64, 0.125));
             }
@@ -178,7 +190,10 @@ fn listed(dir: &Path) -> Vec<PathBuf> {
 
 /// Runs the `fusion-debug` binary.
 pub fn cli(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_fusion-debug")).args(args).output().expect("fusion-debug runs")
+    std::process::Command::new(env!("CARGO_BIN_EXE_fusion-debug"))
+        .args(args)
+        .output()
+        .expect("fusion-debug runs")
 }
 
 pub fn stdout(o: &Output) -> String {

@@ -115,7 +115,8 @@ pub fn assert_contract(before: &Trace, after: &Trace) {
     after.validate().unwrap();
     let metas = |t: &Trace| t.outputs.iter().map(|&o| t.meta(o).clone()).collect::<Vec<_>>();
     assert_eq!(metas(before), metas(after));
-    let params = |t: &Trace| t.parameters().into_iter().map(|p| t.nodes[p].op.clone()).collect::<Vec<_>>();
+    let params =
+        |t: &Trace| t.parameters().into_iter().map(|p| t.nodes[p].op.clone()).collect::<Vec<_>>();
     assert_eq!(params(before), params(after));
     for (i, n) in after.nodes.iter().enumerate() {
         assert!(n.inputs.iter().all(|&j| j < i), "not topological");

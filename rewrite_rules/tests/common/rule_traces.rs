@@ -127,4 +127,3 @@ pub fn trace_for(name: &str) -> Option<Trace> {
     };
     Some(b.done(&[out]))
 }
-

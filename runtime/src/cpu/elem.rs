@@ -33,7 +33,9 @@ pub(crate) fn row_major(shape: &[usize]) -> Strides {
 pub(crate) fn broadcast(from: &[usize], to: &[usize]) -> Strides {
     let own = row_major(from);
     let offset = to.len().saturating_sub(from.len());
-    (0..to.len()).map(|i| if i < offset || from[i - offset] == 1 { 0 } else { own[i - offset] }).collect()
+    (0..to.len())
+        .map(|i| if i < offset || from[i - offset] == 1 { 0 } else { own[i - offset] })
+        .collect()
 }
 
 /// A storage element type and the domain it computes in: f32 for the float
@@ -309,7 +311,9 @@ impl<'a, T: Elem> Input<'a, T> {
         match src {
             Src::Owned(d) => {
                 let dt = d.dtype();
-                T::unwrap_vec(d).map(Input::Owned).ok_or_else(|| super::internal(format!("unexpected {dt} data")))
+                T::unwrap_vec(d)
+                    .map(Input::Owned)
+                    .ok_or_else(|| super::internal(format!("unexpected {dt} data")))
             }
             Src::Borrowed(d) => typed::<T>(d).map(Input::Borrowed),
         }
@@ -458,7 +462,10 @@ pub(crate) fn for_chunks<O: Send>(out: &mut [O], body: impl Fn(usize, &mut [O]) 
 }
 
 /// A new vector of `n` elements filled by `body` as in [`for_chunks`].
-pub(crate) fn build<O: Default + Clone + Send>(n: usize, body: impl Fn(usize, &mut [O]) + Sync + Send) -> Vec<O> {
+pub(crate) fn build<O: Default + Clone + Send>(
+    n: usize,
+    body: impl Fn(usize, &mut [O]) + Sync + Send,
+) -> Vec<O> {
     let mut out = vec![O::default(); n];
     for_chunks(&mut out, body);
     out

@@ -7,7 +7,9 @@ use half::{bf16, f16};
 use trace_ir::shape::numel;
 use trace_ir::{BinaryOp, DType, Error, Result, UnaryOp};
 
-use super::elem::{build, by_any, by_dtype, for_chunks, map_new, map_same, typed, walk, Elem, Input, Src, View};
+use super::elem::{
+    build, by_any, by_dtype, for_chunks, map_new, map_same, typed, walk, Elem, Input, Src, View,
+};
 use super::erf::erfc;
 use crate::buffer::HostData;
 
@@ -417,7 +419,11 @@ pub(crate) fn binary_in_place(
 ) -> Result<HostData> {
     let dt = buf.dtype();
     if other.dtype() != dt {
-        return Err(Error::dtype(kind.name(), "operands must share one dtype", &[dt, other.dtype()]));
+        return Err(Error::dtype(
+            kind.name(),
+            "operands must share one dtype",
+            &[dt, other.dtype()],
+        ));
     }
     let out = by_dtype!(dt;
         float T => {
@@ -453,7 +459,11 @@ pub(crate) fn where_(
 ) -> Result<HostData> {
     let dt = a.dtype();
     if b.dtype() != dt {
-        return Err(Error::dtype("where", "branches must share one dtype", &[cond.dtype(), dt, b.dtype()]));
+        return Err(Error::dtype(
+            "where",
+            "branches must share one dtype",
+            &[cond.dtype(), dt, b.dtype()],
+        ));
     }
     let c = View::new(typed::<bool>(cond)?, sc, shape);
     let (stc, dc) = (c.strides(shape), c.data());
@@ -571,8 +581,12 @@ pub(crate) fn cast(src: Src<'_>, to: DType) -> Result<HostData> {
         Src::Owned(d) => {
             return Ok(match (d, to) {
                 (d, to) if d.dtype() == to => d,
-                (HostData::F32(v), DType::I32) => HostData::I32(convert_in_place(v, |e: f32| e as i32)),
-                (HostData::I32(v), DType::F32) => HostData::F32(convert_in_place(v, |e: i32| e as f32)),
+                (HostData::F32(v), DType::I32) => {
+                    HostData::I32(convert_in_place(v, |e: f32| e as i32))
+                }
+                (HostData::I32(v), DType::F32) => {
+                    HostData::F32(convert_in_place(v, |e: i32| e as f32))
+                }
                 (HostData::BF16(v), DType::F16) => {
                     HostData::F16(convert_in_place(v, |e: bf16| f16::from_f32(e.to_f32())))
                 }

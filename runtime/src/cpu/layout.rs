@@ -27,7 +27,12 @@ fn gather<T: Elem>(data: &[T], out_shape: &[usize], strides: &Strides, base: usi
     })
 }
 
-fn gather_any(data: &HostData, out_shape: &[usize], strides: &Strides, base: usize) -> Result<HostData> {
+fn gather_any(
+    data: &HostData,
+    out_shape: &[usize],
+    strides: &Strides,
+    base: usize,
+) -> Result<HostData> {
     Ok(by_any!(data.dtype(), T => T::wrap(gather(typed::<T>(data)?, out_shape, strides, base))))
 }
 
@@ -39,7 +44,10 @@ pub(crate) fn expand(data: &HostData, shape: &[usize], out_shape: &[usize]) -> R
 /// Output dimension `j` is input dimension `perm[j]`.
 pub(crate) fn permute(data: &HostData, shape: &[usize], perm: &[usize]) -> Result<HostData> {
     if perm.len() != shape.len() || perm.iter().any(|&p| p >= shape.len()) {
-        return Err(Error::attr("permute", format!("{perm:?} is not a permutation of 0..{}", shape.len())));
+        return Err(Error::attr(
+            "permute",
+            format!("{perm:?} is not a permutation of 0..{}", shape.len()),
+        ));
     }
     let strides = row_major(shape);
     let out_shape: Strides = perm.iter().map(|&p| shape[p]).collect();
@@ -76,7 +84,10 @@ pub(crate) fn concat(inputs: &[(&HostData, &[usize])], axis: usize) -> Result<Ho
         return Err(Error::attr("concat", "needs at least one input"));
     };
     if axis >= first_shape.len() {
-        return Err(Error::attr("concat", format!("axis {axis} is out of range for rank {}", first_shape.len())));
+        return Err(Error::attr(
+            "concat",
+            format!("axis {axis} is out of range for rank {}", first_shape.len()),
+        ));
     }
     let outer = numel(&first_shape[..axis]);
     let inner = numel(&first_shape[axis + 1..]);

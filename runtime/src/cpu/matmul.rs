@@ -21,12 +21,26 @@ fn as_f32(d: &HostData) -> Result<Cow<'_, [f32]>> {
         HostData::F32(v) => Cow::Borrowed(v),
         HostData::BF16(v) => Cow::Owned(map_new(v, bf16::to_f32)),
         HostData::F16(v) => Cow::Owned(map_new(v, f16::to_f32)),
-        other => return Err(Error::dtype("matmul", "operands must share one floating dtype", &[other.dtype()])),
+        other => {
+            return Err(Error::dtype(
+                "matmul",
+                "operands must share one floating dtype",
+                &[other.dtype()],
+            ))
+        }
     })
 }
 
 /// `dst[m, n] = lhs[m, k] @ rhs[k, n]`, all row-major and contiguous.
-fn gemm_f32(dst: &mut [f32], lhs: &[f32], rhs: &[f32], m: usize, k: usize, n: usize, par: Parallelism) {
+fn gemm_f32(
+    dst: &mut [f32],
+    lhs: &[f32],
+    rhs: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    par: Parallelism,
+) {
     debug_assert!(dst.len() == m * n && lhs.len() == m * k && rhs.len() == k * n);
     // SAFETY: the slices hold exactly m*n, m*k and k*n elements, addressed
     // with the row-major strides given here; dst does not alias the inputs.
@@ -59,8 +73,12 @@ fn gemm_f32(dst: &mut [f32], lhs: &[f32], rhs: &[f32], m: usize, k: usize, n: us
 /// Runs `one` on each `m x n` output matrix of `dst` with its operand
 /// offsets: a large product uses both cores inside gemm, many small ones are
 /// spread over the cores by batch, tiny work stays on this thread.
-pub(crate) fn for_each_batch<F>(dst: &mut [f32], offsets: &[(usize, usize)], (m, k, n): (usize, usize, usize), one: F)
-where
+pub(crate) fn for_each_batch<F>(
+    dst: &mut [f32],
+    offsets: &[(usize, usize)],
+    (m, k, n): (usize, usize, usize),
+    one: F,
+) where
     F: Fn(&mut [f32], (usize, usize), Parallelism) + Sync,
 {
     let flops = m.saturating_mul(n).saturating_mul(k);
@@ -77,13 +95,23 @@ where
     }
 }
 
-pub(crate) fn matmul(a: &HostData, sa: &[usize], b: &HostData, sb: &[usize], out_shape: &[usize]) -> Result<HostData> {
+pub(crate) fn matmul(
+    a: &HostData,
+    sa: &[usize],
+    b: &HostData,
+    sb: &[usize],
+    out_shape: &[usize],
+) -> Result<HostData> {
     let bad = |msg: &str| Error::shape("matmul", msg.to_string(), &[&sa.into(), &sb.into()]);
     if sa.len() < 2 || sb.len() < 2 || out_shape.len() < 2 {
         return Err(bad("operands need at least two dimensions"));
     }
     if a.dtype() != b.dtype() {
-        return Err(Error::dtype("matmul", "operands must share one floating dtype", &[a.dtype(), b.dtype()]));
+        return Err(Error::dtype(
+            "matmul",
+            "operands must share one floating dtype",
+            &[a.dtype(), b.dtype()],
+        ));
     }
     let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
     let (k2, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
@@ -99,7 +127,8 @@ pub(crate) fn matmul(a: &HostData, sa: &[usize], b: &HostData, sb: &[usize], out
     let mut out = vec![0.0f32; batches * m * n];
     if m * n > 0 && k > 0 {
         // Offsets of each batch's matrices, following broadcasting.
-        let scale = |s: Strides, e: usize| -> Strides { s.iter().map(|&v| v.saturating_mul(e)).collect() };
+        let scale =
+            |s: Strides, e: usize| -> Strides { s.iter().map(|&v| v.saturating_mul(e)).collect() };
         let astr = scale(broadcast(&sa[..sa.len() - 2], out_batch), m * k);
         let bstr = scale(broadcast(&sb[..sb.len() - 2], out_batch), k * n);
         let (ai, bi) = (astr.last().copied().unwrap_or(0), bstr.last().copied().unwrap_or(0));

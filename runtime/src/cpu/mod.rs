@@ -29,8 +29,8 @@ mod rows;
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use rewrite_rules::program::{Instr, KernelKind, LoopKernel, Program, View};
+use smallvec::SmallVec;
 use trace_ir::{Error, Meta, Op, Result};
 
 pub use elementwise::{gelu_erf, gelu_tanh, int_pow, sigmoid};
@@ -68,7 +68,11 @@ impl Backend for CpuBackend {
 
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
         if data.dtype() != meta.dtype {
-            return Err(Error::dtype("upload", "data dtype differs from the buffer's", &[meta.dtype, data.dtype()]));
+            return Err(Error::dtype(
+                "upload",
+                "data dtype differs from the buffer's",
+                &[meta.dtype, data.dtype()],
+            ));
         }
         if data.len() != meta.numel() {
             return Err(Error::DataLength {
@@ -125,7 +129,9 @@ impl CpuExecutable {
         let bad = |msg: String| Error::InvalidTrace(format!("program: {msg}"));
         let mut defined = vec![false; nv];
         for &p in &program.params {
-            *defined.get_mut(p).ok_or_else(|| bad(format!("parameter value {p} does not exist")))? = true;
+            *defined
+                .get_mut(p)
+                .ok_or_else(|| bad(format!("parameter value {p} does not exist")))? = true;
         }
         let mut uses = vec![0usize; nv];
         let mut kernels = Vec::with_capacity(program.kernels.len());
@@ -137,27 +143,35 @@ impl CpuExecutable {
                 uses[i] += 1;
             }
             for &o in &kernel.outputs {
-                *defined.get_mut(o).ok_or_else(|| bad(format!("kernel {k} writes value {o}, which does not exist")))? = true;
+                *defined.get_mut(o).ok_or_else(|| {
+                    bad(format!("kernel {k} writes value {o}, which does not exist"))
+                })? = true;
             }
-            let metas = |ids: &[usize]| ids.iter().map(|&i| program.values[i].clone()).collect::<Vec<Meta>>();
+            let metas = |ids: &[usize]| {
+                ids.iter().map(|&i| program.values[i].clone()).collect::<Vec<Meta>>()
+            };
             let compiled = match &kernel.kind {
                 KernelKind::Single { op } => {
                     if kernel.outputs.len() != 1 || matches!(op, Op::Parameter { .. }) {
-                        return Err(bad(format!("kernel {k}: a single-op kernel writes one value")));
+                        return Err(bad(format!(
+                            "kernel {k}: a single-op kernel writes one value"
+                        )));
                     }
                     let ins = metas(&kernel.inputs);
                     let refs: Vec<&Meta> = ins.iter().collect();
                     let meta = trace_ir::infer(op, &refs)?;
                     if meta != program.values[kernel.outputs[0]] {
-                        return Err(bad(format!("kernel {k}: {} does not produce its output's meta", op.name())));
+                        return Err(bad(format!(
+                            "kernel {k}: {} does not produce its output's meta",
+                            op.name()
+                        )));
                     }
                     Compiled::Single(op.clone())
                 }
-                KernelKind::Loop(l) => {
-                    Compiled::Loop(Arc::new(fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false).map_err(|e| {
-                        bad(format!("{}: {e}", program.describe_kernel(k)))
-                    })?))
-                }
+                KernelKind::Loop(l) => Compiled::Loop(Arc::new(
+                    fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false)
+                        .map_err(|e| bad(format!("{}: {e}", program.describe_kernel(k))))?,
+                )),
                 KernelKind::MatMul(mm) => Compiled::MatMul(Arc::new(
                     fused::MatMulExec::new(mm, metas(&kernel.inputs), metas(&kernel.outputs))
                         .map_err(|e| bad(format!("{}: {e}", program.describe_kernel(k))))?,
@@ -206,16 +220,25 @@ impl CpuExecutable {
                 let [x] = fixed::<1>(args)?;
                 let ok = same(x.meta());
                 return match take(x, ok)? {
-                    Arg::Owned(d, lease) => reused(meta, elementwise::unary(*kind, Src::Owned(d))?, lease),
-                    Arg::Shared(x) => self.fresh(meta, elementwise::unary(*kind, Src::Borrowed(host(&x)?))?),
+                    Arg::Owned(d, lease) => {
+                        reused(meta, elementwise::unary(*kind, Src::Owned(d))?, lease)
+                    }
+                    Arg::Shared(x) => {
+                        self.fresh(meta, elementwise::unary(*kind, Src::Borrowed(host(&x)?))?)
+                    }
                 };
             }
             Op::Cast { to } => {
                 let [x] = fixed::<1>(args)?;
-                let ok = x.meta().numel() == n && x.meta().dtype.size_in_bytes() == to.size_in_bytes();
+                let ok =
+                    x.meta().numel() == n && x.meta().dtype.size_in_bytes() == to.size_in_bytes();
                 return match take(x, ok)? {
-                    Arg::Owned(d, lease) => reused(meta, elementwise::cast(Src::Owned(d), *to)?, lease),
-                    Arg::Shared(x) => self.fresh(meta, elementwise::cast(Src::Borrowed(host(&x)?), *to)?),
+                    Arg::Owned(d, lease) => {
+                        reused(meta, elementwise::cast(Src::Owned(d), *to)?, lease)
+                    }
+                    Arg::Shared(x) => {
+                        self.fresh(meta, elementwise::cast(Src::Borrowed(host(&x)?), *to)?)
+                    }
                 };
             }
             Op::Binary { kind } => {
@@ -223,16 +246,21 @@ impl CpuExecutable {
                 let (sa, sb) = (a.meta().shape.clone(), b.meta().shape.clone());
                 let (oka, okb) = (same(a.meta()), same(b.meta()));
                 return match take(a, oka)? {
-                    Arg::Owned(d, lease) => {
-                        reused(meta, elementwise::binary_in_place(*kind, d, true, host(&b)?, &sb, shape)?, lease)
-                    }
+                    Arg::Owned(d, lease) => reused(
+                        meta,
+                        elementwise::binary_in_place(*kind, d, true, host(&b)?, &sb, shape)?,
+                        lease,
+                    ),
                     Arg::Shared(a) => match take(b, okb)? {
-                        Arg::Owned(d, lease) => {
-                            reused(meta, elementwise::binary_in_place(*kind, d, false, host(&a)?, &sa, shape)?, lease)
-                        }
-                        Arg::Shared(b) => {
-                            self.fresh(meta, elementwise::binary_new(*kind, host(&a)?, &sa, host(&b)?, &sb, shape)?)
-                        }
+                        Arg::Owned(d, lease) => reused(
+                            meta,
+                            elementwise::binary_in_place(*kind, d, false, host(&a)?, &sa, shape)?,
+                            lease,
+                        ),
+                        Arg::Shared(b) => self.fresh(
+                            meta,
+                            elementwise::binary_new(*kind, host(&a)?, &sa, host(&b)?, &sb, shape)?,
+                        ),
                     },
                 };
             }
@@ -277,8 +305,10 @@ impl CpuExecutable {
                 layout::slice(host(&x)?, &x.meta().shape, *axis, *start, *stop, *step)?
             }
             Op::Concat { axis } => {
-                let parts =
-                    args.iter().map(|a| Ok((host(a)?, a.meta().shape.as_slice()))).collect::<Result<Vec<_>>>()?;
+                let parts = args
+                    .iter()
+                    .map(|a| Ok((host(a)?, a.meta().shape.as_slice())))
+                    .collect::<Result<Vec<_>>>()?;
                 layout::concat(&parts, *axis)?
             }
             Op::MatMul => {
@@ -302,7 +332,11 @@ impl Executable for CpuExecutable {
     fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
         let p = &self.program;
         if inputs.len() != p.params.len() {
-            return Err(internal(format!("the program takes {} inputs, got {}", p.params.len(), inputs.len())));
+            return Err(internal(format!(
+                "the program takes {} inputs, got {}",
+                p.params.len(),
+                inputs.len()
+            )));
         }
         let mut vals: Vec<Option<Arc<Buffer>>> = vec![None; p.values.len()];
         for (k, (buf, &id)) in inputs.into_iter().zip(&p.params).enumerate() {
@@ -330,7 +364,9 @@ impl Executable for CpuExecutable {
                 // The last reader takes the value, so it is freed (or reused)
                 // as soon as this kernel is done with it.
                 let v = if left[i] == 0 { vals[i].take() } else { vals[i].clone() };
-                args.push(v.ok_or_else(|| internal(format!("kernel {k} reads value {i}, which has no value")))?);
+                args.push(v.ok_or_else(|| {
+                    internal(format!("kernel {k} reads value {i}, which has no value"))
+                })?);
             }
             let outs = match compiled {
                 Compiled::Single(op) => vec![self.eval(op, args)?],
@@ -339,9 +375,12 @@ impl Executable for CpuExecutable {
                         KernelKind::Loop(lk) => lk.shape.as_slice(),
                         _ => return Err(internal(format!("kernel {k} is not a loop"))),
                     };
-                    l.run(args.into_vec(), None, planned, &self.tracker).map_err(|e| annotate(p, k, e))?
+                    l.run(args.into_vec(), None, planned, &self.tracker)
+                        .map_err(|e| annotate(p, k, e))?
                 }
-                Compiled::MatMul(m) => m.run(args.into_vec(), &self.tracker).map_err(|e| annotate(p, k, e))?,
+                Compiled::MatMul(m) => {
+                    m.run(args.into_vec(), &self.tracker).map_err(|e| annotate(p, k, e))?
+                }
             };
             for (&o, out) in kernel.outputs.iter().zip(outs) {
                 if self.uses[o] > 0 {
@@ -351,7 +390,9 @@ impl Executable for CpuExecutable {
         }
         p.outputs
             .iter()
-            .map(|&o| vals[o].clone().ok_or_else(|| internal(format!("output value {o} has no value"))))
+            .map(|&o| {
+                vals[o].clone().ok_or_else(|| internal(format!("output value {o} has no value")))
+            })
             .collect()
     }
 
@@ -361,7 +402,8 @@ impl Executable for CpuExecutable {
         if program.kernels.len() != self.kernels.len() {
             return None;
         }
-        let metas = |ids: &[usize]| ids.iter().map(|&i| program.values[i].clone()).collect::<Vec<Meta>>();
+        let metas =
+            |ids: &[usize]| ids.iter().map(|&i| program.values[i].clone()).collect::<Vec<Meta>>();
         // Fused kernels are shared across sizes, except those that read a
         // strided view: its strides and offset are fixed in the kernel, so
         // it is built again (no code is generated; this is cheap).
@@ -370,16 +412,27 @@ impl Executable for CpuExecutable {
             .iter()
             .zip(&self.kernels)
             .map(|(kernel, compiled)| match (&kernel.kind, compiled) {
-                (KernelKind::Single { op }, Compiled::Single(_)) => Some(Compiled::Single(op.clone())),
+                (KernelKind::Single { op }, Compiled::Single(_)) => {
+                    Some(Compiled::Single(op.clone()))
+                }
                 (KernelKind::Loop(l), Compiled::Loop(_)) if strided(l) => {
-                    let exec = fused::LoopExec::new(l, metas(&kernel.inputs), metas(&kernel.outputs), false).ok()?;
+                    let exec = fused::LoopExec::new(
+                        l,
+                        metas(&kernel.inputs),
+                        metas(&kernel.outputs),
+                        false,
+                    )
+                    .ok()?;
                     Some(Compiled::Loop(Arc::new(exec)))
                 }
                 (KernelKind::Loop(_), Compiled::Loop(l)) => Some(Compiled::Loop(l.clone())),
                 (KernelKind::MatMul(mm), Compiled::MatMul(_))
-                    if [&mm.lhs, &mm.rhs].iter().any(|v| matches!(v, View::Strided { .. })) || mm.epilogue.as_ref().is_some_and(strided) =>
+                    if [&mm.lhs, &mm.rhs].iter().any(|v| matches!(v, View::Strided { .. }))
+                        || mm.epilogue.as_ref().is_some_and(strided) =>
                 {
-                    let exec = fused::MatMulExec::new(mm, metas(&kernel.inputs), metas(&kernel.outputs)).ok()?;
+                    let exec =
+                        fused::MatMulExec::new(mm, metas(&kernel.inputs), metas(&kernel.outputs))
+                            .ok()?;
                     Some(Compiled::MatMul(Arc::new(exec)))
                 }
                 (KernelKind::MatMul(_), Compiled::MatMul(m)) => Some(Compiled::MatMul(m.clone())),
@@ -399,7 +452,9 @@ fn strided(l: &LoopKernel) -> bool {
 /// Names the kernel and the ops fused into it in a runtime failure.
 fn annotate(p: &Program, k: usize, e: Error) -> Error {
     match e {
-        Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("{}: {msg}", p.describe_kernel(k)) },
+        Error::Backend { backend, msg } => {
+            Error::Backend { backend, msg: format!("{}: {msg}", p.describe_kernel(k)) }
+        }
         other => other,
     }
 }
@@ -417,7 +472,8 @@ fn take(buf: Arc<Buffer>, reusable: bool) -> Result<Arg> {
     }
     match Arc::try_unwrap(buf) {
         Ok(b) => {
-            let (d, lease) = b.into_host_data().ok_or_else(|| internal("buffer does not live on the host"))?;
+            let (d, lease) =
+                b.into_host_data().ok_or_else(|| internal("buffer does not live on the host"))?;
             Ok(Arg::Owned(d, lease))
         }
         Err(b) => Ok(Arg::Shared(b)),
@@ -468,5 +524,8 @@ fn check_data(meta: &Meta, data: &HostData) -> Result<()> {
 /// Exactly `N` operands.
 fn fixed<const N: usize>(args: SmallVec<[Arc<Buffer>; 3]>) -> Result<[Arc<Buffer>; N]> {
     let n = args.len();
-    args.into_iter().collect::<Vec<_>>().try_into().map_err(|_| internal(format!("expected {N} operands, got {n}")))
+    args.into_iter()
+        .collect::<Vec<_>>()
+        .try_into()
+        .map_err(|_| internal(format!("expected {N} operands, got {n}")))
 }

@@ -64,12 +64,22 @@ fn floats<T: Default + Clone + Send>(n: usize, f: impl Fn(u64) -> T + Sync + Sen
 
 pub(crate) fn random(seed: u64, dist: Distribution, dtype: DType, n: usize) -> Result<HostData> {
     Ok(match (dist, dtype) {
-        (Distribution::Uniform, DType::F32) => HostData::F32(floats(n, |i| uniform(seed, i, 24) as f32)),
-        (Distribution::Uniform, DType::F16) => HostData::F16(floats(n, |i| f16::from_f64(uniform(seed, i, 11)))),
-        (Distribution::Uniform, DType::BF16) => HostData::BF16(floats(n, |i| bf16::from_f64(uniform(seed, i, 8)))),
+        (Distribution::Uniform, DType::F32) => {
+            HostData::F32(floats(n, |i| uniform(seed, i, 24) as f32))
+        }
+        (Distribution::Uniform, DType::F16) => {
+            HostData::F16(floats(n, |i| f16::from_f64(uniform(seed, i, 11))))
+        }
+        (Distribution::Uniform, DType::BF16) => {
+            HostData::BF16(floats(n, |i| bf16::from_f64(uniform(seed, i, 8))))
+        }
         (Distribution::Normal, DType::F32) => HostData::F32(floats(n, |i| normal(seed, i))),
-        (Distribution::Normal, DType::F16) => HostData::F16(floats(n, |i| f16::from_f32(normal(seed, i)))),
-        (Distribution::Normal, DType::BF16) => HostData::BF16(floats(n, |i| bf16::from_f32(normal(seed, i)))),
+        (Distribution::Normal, DType::F16) => {
+            HostData::F16(floats(n, |i| f16::from_f32(normal(seed, i))))
+        }
+        (Distribution::Normal, DType::BF16) => {
+            HostData::BF16(floats(n, |i| bf16::from_f32(normal(seed, i))))
+        }
         (_, d) => return Err(Error::dtype("random", "random values need a floating dtype", &[d])),
     })
 }

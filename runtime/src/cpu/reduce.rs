@@ -138,9 +138,15 @@ fn reduce_float<T: Elem<D = f32>>(kind: ReduceOp, x: &[T], p: &Plan) -> Vec<T> {
     let r = p.r as f64;
     match kind {
         // -0.0 is the identity of addition, so a one-element sum is a copy.
-        ReduceOp::Sum => fold(x, p, -0.0f64, |a, v| a + v as f64, |a, b| a + b, |a| T::store(a as f32)),
-        ReduceOp::Mean => fold(x, p, -0.0f64, |a, v| a + v as f64, |a, b| a + b, |a| T::store((a / r) as f32)),
-        ReduceOp::Prod => fold(x, p, 1.0f64, |a, v| a * v as f64, |a, b| a * b, |a| T::store(a as f32)),
+        ReduceOp::Sum => {
+            fold(x, p, -0.0f64, |a, v| a + v as f64, |a, b| a + b, |a| T::store(a as f32))
+        }
+        ReduceOp::Mean => {
+            fold(x, p, -0.0f64, |a, v| a + v as f64, |a, b| a + b, |a| T::store((a / r) as f32))
+        }
+        ReduceOp::Prod => {
+            fold(x, p, 1.0f64, |a, v| a * v as f64, |a, b| a * b, |a| T::store(a as f32))
+        }
         ReduceOp::Max => fold(x, p, f32::NEG_INFINITY, fmax, fmax, T::store),
         ReduceOp::Min => fold(x, p, f32::INFINITY, fmin, fmin, T::store),
     }
@@ -153,7 +159,11 @@ fn reduce_int<T: Elem<D = i64>>(kind: ReduceOp, x: &[T], p: &Plan) -> Result<Vec
         ReduceOp::Max => fold(x, p, i64::MIN, i64::max, i64::max, T::store),
         ReduceOp::Min => fold(x, p, i64::MAX, i64::min, i64::min, T::store),
         ReduceOp::Mean => {
-            return Err(Error::dtype("mean", "integer inputs are not supported", &[trace_ir::DType::I64]))
+            return Err(Error::dtype(
+                "mean",
+                "integer inputs are not supported",
+                &[trace_ir::DType::I64],
+            ))
         }
     })
 }
@@ -161,7 +171,12 @@ fn reduce_int<T: Elem<D = i64>>(kind: ReduceOp, x: &[T], p: &Plan) -> Result<Vec
 /// Reduces `data` (of shape `shape`) over `axes` (distinct, in range; empty
 /// means an identity copy). `keepdim` does not change the element order, so
 /// it is left to the caller's output meta.
-pub(crate) fn reduce(kind: ReduceOp, axes: &[usize], data: &HostData, shape: &[usize]) -> Result<HostData> {
+pub(crate) fn reduce(
+    kind: ReduceOp,
+    axes: &[usize],
+    data: &HostData,
+    shape: &[usize],
+) -> Result<HostData> {
     let p = Plan::new(shape, axes);
     let dt = data.dtype();
     if p.r == 0 && p.out_n > 0 {
@@ -169,7 +184,9 @@ pub(crate) fn reduce(kind: ReduceOp, axes: &[usize], data: &HostData, shape: &[u
             ReduceOp::Sum => 0.0,
             ReduceOp::Prod => 1.0,
             ReduceOp::Mean if dt.is_float() => f64::NAN,
-            ReduceOp::Mean => return Err(Error::dtype("mean", "integer inputs are not supported", &[dt])),
+            ReduceOp::Mean => {
+                return Err(Error::dtype("mean", "integer inputs are not supported", &[dt]))
+            }
             ReduceOp::Max | ReduceOp::Min => {
                 return Err(Error::shape(
                     kind.name(),
@@ -208,13 +225,21 @@ fn arg_extreme<T: Elem>(x: &[T], base: usize, dim: usize, stride: usize, max: bo
 
 /// Index (i64) of the first maximum/minimum along `axis`; a NaN counts as
 /// the extreme, as in PyTorch.
-pub(crate) fn arg_reduce(kind: ArgReduceOp, axis: usize, data: &HostData, shape: &[usize]) -> Result<HostData> {
+pub(crate) fn arg_reduce(
+    kind: ArgReduceOp,
+    axis: usize,
+    data: &HostData,
+    shape: &[usize],
+) -> Result<HostData> {
     let name = match kind {
         ArgReduceOp::Argmax => "argmax",
         ArgReduceOp::Argmin => "argmin",
     };
     let Some(&dim) = shape.get(axis) else {
-        return Err(Error::attr(name, format!("axis {axis} is out of range for rank {}", shape.len())));
+        return Err(Error::attr(
+            name,
+            format!("axis {axis} is out of range for rank {}", shape.len()),
+        ));
     };
     let inner = numel(&shape[axis + 1..]);
     let out_n = numel(&shape[..axis]) * inner;

@@ -41,7 +41,9 @@ fn apply<T: Elem<D = f32>, S: Copy + Send + Sync>(
     // do not move it.
     let kept = row_major(&p.kept_shape);
     let mut ks = kept.iter();
-    let row: Strides = (0..shape.len()).map(|d| if axes.contains(&d) { 0 } else { *ks.next().unwrap_or(&0) }).collect();
+    let row: Strides = (0..shape.len())
+        .map(|d| if axes.contains(&d) { 0 } else { *ks.next().unwrap_or(&0) })
+        .collect();
     let own = row_major(shape);
     let (xi, ri) = (own.last().copied().unwrap_or(0), row.last().copied().unwrap_or(0));
     build(x.len(), |start, out: &mut [T]| {
@@ -58,7 +60,12 @@ fn row_max<T: Elem<D = f32>>(x: &[T], p: &Plan) -> Vec<f32> {
 }
 
 /// `sum(g(x, stat))` per row, accumulated in f64.
-fn row_sum<T: Elem<D = f32>>(x: &[T], p: &Plan, stat: &[f32], g: impl Fn(f32, f32) -> f32 + Sync + Send) -> Vec<f64> {
+fn row_sum<T: Elem<D = f32>>(
+    x: &[T],
+    p: &Plan,
+    stat: &[f32],
+    g: impl Fn(f32, f32) -> f32 + Sync + Send,
+) -> Vec<f64> {
     fold_rows(
         x,
         p,
@@ -69,7 +76,12 @@ fn row_sum<T: Elem<D = f32>>(x: &[T], p: &Plan, stat: &[f32], g: impl Fn(f32, f3
     )
 }
 
-fn row_op<T: Elem<D = f32>>(op: &Op, x: &[T], shape: &[usize], eps: Option<&[T]>) -> Result<Vec<T>> {
+fn row_op<T: Elem<D = f32>>(
+    op: &Op,
+    x: &[T],
+    shape: &[usize],
+    eps: Option<&[T]>,
+) -> Result<Vec<T>> {
     let name = op.name();
     let axes: &[usize] = match op {
         Op::Softmax { axis } | Op::LogSoftmax { axis } => std::slice::from_ref(axis),
@@ -77,7 +89,10 @@ fn row_op<T: Elem<D = f32>>(op: &Op, x: &[T], shape: &[usize], eps: Option<&[T]>
         _ => return Err(super::internal(format!("{name} is not a row op"))),
     };
     if axes.iter().any(|&a| a >= shape.len()) {
-        return Err(Error::attr(name, format!("axes {axes:?} are out of range for rank {}", shape.len())));
+        return Err(Error::attr(
+            name,
+            format!("axes {axes:?} are out of range for rank {}", shape.len()),
+        ));
     }
     let p = Plan::new(shape, axes);
     if x.is_empty() {
@@ -85,7 +100,9 @@ fn row_op<T: Elem<D = f32>>(op: &Op, x: &[T], shape: &[usize], eps: Option<&[T]>
     }
     let zero = vec![0.0f32; p.out_n];
     let eps = || -> Result<f32> {
-        eps.and_then(|e| e.first()).map(|e| e.load()).ok_or_else(|| Error::shape(name, "needs a scalar eps", &[]))
+        eps.and_then(|e| e.first())
+            .map(|e| e.load())
+            .ok_or_else(|| Error::shape(name, "needs a scalar eps", &[]))
     };
     let n = p.r as f64;
     Ok(match op {
@@ -98,15 +115,20 @@ fn row_op<T: Elem<D = f32>>(op: &Op, x: &[T], shape: &[usize], eps: Option<&[T]>
         Op::LogSoftmax { .. } => {
             let m = row_max(x, &p);
             let s = row_sum(x, &p, &m, |v, m| (v - m).exp());
-            let ml: Vec<(f32, f32)> = m.into_iter().zip(s).map(|(m, s)| (m, (s as f32).ln())).collect();
+            let ml: Vec<(f32, f32)> =
+                m.into_iter().zip(s).map(|(m, s)| (m, (s as f32).ln())).collect();
             apply(x, shape, &p, axes, &ml, |v, (m, l)| (v - m) - l)
         }
         Op::LayerNorm { .. } => {
             let eps = eps()?;
-            let mu: Vec<f32> = row_sum(x, &p, &zero, |v, _| v).into_iter().map(|s| (s / n) as f32).collect();
+            let mu: Vec<f32> =
+                row_sum(x, &p, &zero, |v, _| v).into_iter().map(|s| (s / n) as f32).collect();
             let var = row_sum(x, &p, &mu, |v, mu| (v - mu) * (v - mu));
-            let mr: Vec<(f32, f32)> =
-                mu.into_iter().zip(var).map(|(mu, s)| (mu, 1.0 / (((s / n) as f32) + eps).sqrt())).collect();
+            let mr: Vec<(f32, f32)> = mu
+                .into_iter()
+                .zip(var)
+                .map(|(mu, s)| (mu, 1.0 / (((s / n) as f32) + eps).sqrt()))
+                .collect();
             apply(x, shape, &p, axes, &mr, |v, (mu, r)| (v - mu) * r)
         }
         Op::RmsNorm { .. } => {
@@ -123,7 +145,12 @@ fn row_op<T: Elem<D = f32>>(op: &Op, x: &[T], shape: &[usize], eps: Option<&[T]>
 
 /// Evaluates a fused row op on `x` (shape `shape`) with the optional scalar
 /// `eps` input of layer_norm/rms_norm.
-pub(crate) fn row(op: &Op, x: &HostData, shape: &[usize], eps: Option<&HostData>) -> Result<HostData> {
+pub(crate) fn row(
+    op: &Op,
+    x: &HostData,
+    shape: &[usize],
+    eps: Option<&HostData>,
+) -> Result<HostData> {
     let dt = x.dtype();
     let bad = || Error::dtype(op.name(), "needs a floating input", &[dt]);
     by_dtype!(dt;

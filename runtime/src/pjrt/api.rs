@@ -26,7 +26,11 @@ macro_rules! call {
     ($plugin:expr, $field:ident, $args:expr) => {{
         let plugin: &Plugin = $plugin;
         match plugin.api().$field {
-            None => Err(err(format!("plugin {} does not implement {}", plugin.path.display(), stringify!($field)))),
+            None => Err(err(format!(
+                "plugin {} does not implement {}",
+                plugin.path.display(),
+                stringify!($field)
+            ))),
             Some(f) => {
                 // SAFETY: `f` comes from the plugin's API table, which was
                 // checked to be large enough to hold this entry, and the
@@ -83,7 +87,9 @@ static PLUGINS: OnceLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> = OnceLock::new()
 impl Plugin {
     /// Loads (once per process) and initialises the plugin at `path`.
     pub fn load(path: &Path) -> Result<Arc<Plugin>> {
-        let key = path.canonicalize().map_err(|e| err(format!("cannot load PJRT plugin {}: {e}", path.display())))?;
+        let key = path
+            .canonicalize()
+            .map_err(|e| err(format!("cannot load PJRT plugin {}: {e}", path.display())))?;
         let registry = PLUGINS.get_or_init(|| Mutex::new(HashMap::new()));
         let mut plugins = registry.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = plugins.get(&key) {
@@ -106,7 +112,8 @@ impl Plugin {
         }
         // SAFETY: loading a shared library runs its initialisers; the path
         // was chosen by the user or found where PJRT plugins are installed.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| err(format!("cannot load PJRT plugin {shown}: {e}")))?;
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| err(format!("cannot load PJRT plugin {shown}: {e}")))?;
         // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
         let get: libloading::Symbol<ffi::GetPjrtApiFn> = unsafe { lib.get(b"GetPjrtApi\0") }.map_err(|e| {
             err(format!("{shown} is not a PJRT plugin (no GetPjrtApi symbol: {e}); deferfuse speaks PJRT API {ours}"))
@@ -138,8 +145,9 @@ impl Plugin {
             _lib: lib,
         };
         let mut init = args!(ffi::PJRT_Plugin_Initialize_Args, extension_start);
-        call!(&plugin, PJRT_Plugin_Initialize, &mut init)
-            .map_err(|e| err(format!("PJRT plugin {shown} (API {major}.{minor}) failed to initialise: {e}")))?;
+        call!(&plugin, PJRT_Plugin_Initialize, &mut init).map_err(|e| {
+            err(format!("PJRT plugin {shown} (API {major}.{minor}) failed to initialise: {e}"))
+        })?;
         plugin.attributes = plugin.read_attributes().unwrap_or_default();
         Ok(plugin)
     }
@@ -155,7 +163,10 @@ impl Plugin {
     /// 50 ms for a 250 MB plugin), and only when the on-disk cache asks.
     pub fn file_hash(&self) -> Result<(u64, u64)> {
         self.file_hash
-            .get_or_init(|| stable_file_hash(&self.path).map_err(|e| format!("cannot hash {}: {e}", self.path.display())))
+            .get_or_init(|| {
+                stable_file_hash(&self.path)
+                    .map_err(|e| format!("cannot hash {}: {e}", self.path.display()))
+            })
             .clone()
             .map_err(err)
     }
@@ -184,7 +195,10 @@ impl Plugin {
                         let items: Vec<String> = if p.is_null() {
                             Vec::new()
                         } else {
-                            std::slice::from_raw_parts(p, v.value_size).iter().map(|x| x.to_string()).collect()
+                            std::slice::from_raw_parts(p, v.value_size)
+                                .iter()
+                                .map(|x| x.to_string())
+                                .collect()
                         };
                         items.join(".")
                     }
@@ -376,8 +390,9 @@ impl std::fmt::Debug for Client {
 impl Client {
     pub fn new(plugin: Arc<Plugin>) -> Result<Arc<Client>> {
         let mut a = args!(ffi::PJRT_Client_Create_Args, kv_try_get_user_arg);
-        call!(&plugin, PJRT_Client_Create, &mut a)
-            .map_err(|e| err(format!("cannot create a client of PJRT plugin {}: {e}", plugin.path.display())))?;
+        call!(&plugin, PJRT_Client_Create, &mut a).map_err(|e| {
+            err(format!("cannot create a client of PJRT plugin {}: {e}", plugin.path.display()))
+        })?;
         if a.client.is_null() {
             return Err(err("PJRT_Client_Create returned no client"));
         }
@@ -393,12 +408,16 @@ impl Client {
         d.client = client.raw;
         call!(&client.plugin, PJRT_Client_AddressableDevices, &mut d)?;
         if d.num_addressable_devices == 0 || d.addressable_devices.is_null() {
-            return Err(err(format!("PJRT plugin {} has no addressable device", client.plugin.path.display())));
+            return Err(err(format!(
+                "PJRT plugin {} has no addressable device",
+                client.plugin.path.display()
+            )));
         }
         // SAFETY: the array has `num_addressable_devices` entries owned by the client.
         client.device = unsafe { *d.addressable_devices };
         client.platform_name = client.string(|p| &p.PJRT_Client_PlatformName).unwrap_or_default();
-        client.platform_version = client.string(|p| &p.PJRT_Client_PlatformVersion).unwrap_or_default();
+        client.platform_version =
+            client.string(|p| &p.PJRT_Client_PlatformVersion).unwrap_or_default();
         Ok(Arc::new(client))
     }
 
@@ -406,7 +425,10 @@ impl Client {
         &self.plugin
     }
 
-    fn string(&self, entry: impl Fn(&PjrtApi) -> &ffi::Fn<ffi::PJRT_Client_String_Args>) -> Result<String> {
+    fn string(
+        &self,
+        entry: impl Fn(&PjrtApi) -> &ffi::Fn<ffi::PJRT_Client_String_Args>,
+    ) -> Result<String> {
         let Some(f) = *entry(self.plugin.api()) else {
             return Ok(String::new());
         };
@@ -439,7 +461,10 @@ impl Client {
 
     /// Loads an executable that [`LoadedExecutable::serialize`] wrote.
     pub fn deserialize(self: &Arc<Self>, bytes: &[u8]) -> Result<LoadedExecutable> {
-        let mut a = args!(ffi::PJRT_Executable_DeserializeAndLoad_Args, overridden_serialized_compile_options_size);
+        let mut a = args!(
+            ffi::PJRT_Executable_DeserializeAndLoad_Args,
+            overridden_serialized_compile_options_size
+        );
         a.client = self.raw;
         a.serialized_executable = bytes.as_ptr() as *const c_char;
         a.serialized_executable_size = bytes.len();
@@ -464,7 +489,8 @@ impl Client {
         a.host_buffer_semantics = ffi::HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL;
         a.device = self.device;
         call!(&self.plugin, PJRT_Client_BufferFromHostBuffer, &mut a)?;
-        let buffer = DeviceBuffer { client: self.clone(), raw: a.buffer, dtype: data.dtype(), numel: n };
+        let buffer =
+            DeviceBuffer { client: self.clone(), raw: a.buffer, dtype: data.dtype(), numel: n };
         // The data was copied during the call; the event still has to be freed.
         self.plugin.await_event(a.done_with_host_buffer, "upload")?;
         if buffer.raw.is_null() {
@@ -528,7 +554,10 @@ unsafe impl Sync for DeviceBuffer {}
 
 impl std::fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceBuffer").field("dtype", &self.dtype).field("numel", &self.numel).finish()
+        f.debug_struct("DeviceBuffer")
+            .field("dtype", &self.dtype)
+            .field("numel", &self.numel)
+            .finish()
     }
 }
 
@@ -627,7 +656,10 @@ impl Drop for ExecutableView<'_> {
 }
 
 impl LoadedExecutable {
-    fn wrap(client: &Arc<Client>, raw: *mut ffi::PJRT_LoadedExecutable) -> Result<LoadedExecutable> {
+    fn wrap(
+        client: &Arc<Client>,
+        raw: *mut ffi::PJRT_LoadedExecutable,
+    ) -> Result<LoadedExecutable> {
         if raw.is_null() {
             return Err(err("the plugin returned no executable"));
         }
@@ -667,9 +699,14 @@ impl LoadedExecutable {
             Vec::new()
         } else {
             // SAFETY: the bytes live until the deleter runs below.
-            unsafe { std::slice::from_raw_parts(a.serialized_bytes as *const u8, a.serialized_bytes_size) }.to_vec()
+            unsafe {
+                std::slice::from_raw_parts(a.serialized_bytes as *const u8, a.serialized_bytes_size)
+            }
+            .to_vec()
         };
-        if let (Some(deleter), false) = (a.serialized_executable_deleter, a.serialized_executable.is_null()) {
+        if let (Some(deleter), false) =
+            (a.serialized_executable_deleter, a.serialized_executable.is_null())
+        {
             // SAFETY: called once, as the header requires.
             unsafe { deleter(a.serialized_executable) };
         }
@@ -699,13 +736,22 @@ impl LoadedExecutable {
         let outputs: Vec<*mut ffi::PJRT_Buffer> = outs.into_iter().take(self.num_outputs).collect();
         let owned: Vec<Option<DeviceBuffer>> = outputs
             .into_iter()
-            .map(|raw| (!raw.is_null()).then(|| DeviceBuffer { client: self.client.clone(), raw, dtype: DType::F32, numel: 0 }))
+            .map(|raw| {
+                (!raw.is_null()).then(|| DeviceBuffer {
+                    client: self.client.clone(),
+                    raw,
+                    dtype: DType::F32,
+                    numel: 0,
+                })
+            })
             .collect();
         plugin.await_event(done[0], "execute")?;
         owned
             .into_iter()
             .enumerate()
-            .map(|(i, b)| b.ok_or_else(|| err(format!("execute returned no buffer for output {i}"))))
+            .map(|(i, b)| {
+                b.ok_or_else(|| err(format!("execute returned no buffer for output {i}")))
+            })
             .collect()
     }
 }
@@ -738,14 +784,20 @@ mod tests {
     fn compile_options_bytes() {
         assert_eq!(
             super::compile_options(&[]),
-            vec![0x1a, 0x0f, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x20, 0x01, 0x28, 0x01]
+            vec![
+                0x1a, 0x0f, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x20,
+                0x01, 0x28, 0x01
+            ]
         );
     }
 
     #[test]
     fn compile_options_carry_overrides_as_map_entries() {
         use crate::pjrt::OptionValue;
-        let bytes = super::compile_options(&[("ab", OptionValue::Bool(false)), ("c", OptionValue::Str("X"))]);
+        let bytes = super::compile_options(&[
+            ("ab", OptionValue::Bool(false)),
+            ("c", OptionValue::Str("X")),
+        ]);
         let tail = &bytes[17..];
         // field 7, entry { key "ab", value { bool_field false } }
         assert_eq!(&tail[..10], &[0x3a, 0x08, 0x0a, 0x02, b'a', b'b', 0x12, 0x02, 0x10, 0x00]);

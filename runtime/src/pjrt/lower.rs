@@ -65,9 +65,14 @@ impl Lowered {
                 }
             })
             .collect();
-        let plain: Vec<String> =
-            self.params.iter().enumerate().map(|(k, m)| format!("%arg{k}: {}", tensor(&m.shape, Ty::of(m.dtype)))).collect();
-        let (old, new) = (format!("@main({})", plain.join(", ")), format!("@main({})", args.join(", ")));
+        let plain: Vec<String> = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(k, m)| format!("%arg{k}: {}", tensor(&m.shape, Ty::of(m.dtype))))
+            .collect();
+        let (old, new) =
+            (format!("@main({})", plain.join(", ")), format!("@main({})", args.join(", ")));
         debug_assert!(self.text.contains(&old));
         self.text.replacen(&old, &new, 1)
     }
@@ -98,7 +103,8 @@ pub fn lower_with(trace: &Trace, options: LowerOptions) -> Result<Lowered> {
     let mut vals: Vec<Option<V>> = vec![None; n];
     for (k, &id) in params.iter().enumerate() {
         let m = &trace.nodes[id].meta;
-        vals[id] = Some(V { name: format!("%arg{k}"), shape: m.shape.to_vec(), ty: Ty::of(m.dtype) });
+        vals[id] =
+            Some(V { name: format!("%arg{k}"), shape: m.shape.to_vec(), ty: Ty::of(m.dtype) });
     }
     for (id, node) in trace.nodes.iter().enumerate() {
         if !live[id] || matches!(node.op, Op::Parameter { .. }) {
@@ -108,13 +114,16 @@ pub fn lower_with(trace: &Trace, options: LowerOptions) -> Result<Lowered> {
             .inputs
             .iter()
             .map(|&i| {
-                vals[i].clone().ok_or_else(|| Error::InvalidTrace(format!("node {id} reads node {i} before it has a value")))
+                vals[i].clone().ok_or_else(|| {
+                    Error::InvalidTrace(format!("node {id} reads node {i} before it has a value"))
+                })
             })
             .collect::<Result<_>>()?;
         let v = e.node(&node.op, &args, &node.meta).map_err(|err| match err {
-            Error::Backend { backend, msg } => {
-                Error::Backend { backend, msg: format!("lowering node {id} ({}): {msg}", node.op.name()) }
-            }
+            Error::Backend { backend, msg } => Error::Backend {
+                backend,
+                msg: format!("lowering node {id} ({}): {msg}", node.op.name()),
+            },
             other => other,
         })?;
         debug_assert_eq!(v.shape, node.meta.shape.to_vec());
@@ -123,7 +132,11 @@ pub fn lower_with(trace: &Trace, options: LowerOptions) -> Result<Lowered> {
     let outs: Vec<V> = trace
         .outputs
         .iter()
-        .map(|&o| vals[o].clone().ok_or_else(|| Error::InvalidTrace(format!("output node {o} has no value"))))
+        .map(|&o| {
+            vals[o]
+                .clone()
+                .ok_or_else(|| Error::InvalidTrace(format!("output node {o} has no value")))
+        })
         .collect::<Result<_>>()?;
 
     let param_metas: Vec<Meta> = params.iter().map(|&id| trace.nodes[id].meta.clone()).collect();
@@ -140,9 +153,18 @@ pub fn lower_with(trace: &Trace, options: LowerOptions) -> Result<Lowered> {
     text.push_str(") {\n");
     text.push_str(&e.body);
     let names: Vec<&str> = outs.iter().map(|v| v.name.as_str()).collect();
-    let _ = writeln!(text, "    \"func.return\"({}) : ({}) -> ()", names.join(", "), out_types.join(", "));
+    let _ = writeln!(
+        text,
+        "    \"func.return\"({}) : ({}) -> ()",
+        names.join(", "),
+        out_types.join(", ")
+    );
     text.push_str("  }\n}\n");
-    Ok(Lowered { text, params: param_metas, outputs: trace.outputs.iter().map(|&o| trace.nodes[o].meta.clone()).collect() })
+    Ok(Lowered {
+        text,
+        params: param_metas,
+        outputs: trace.outputs.iter().map(|&o| trace.nodes[o].meta.clone()).collect(),
+    })
 }
 
 fn unsupported(msg: impl Into<String>) -> Error {
@@ -290,7 +312,15 @@ impl Emitter {
     }
 
     /// Emits `%N = "name"(operands) {attrs} : (types) -> result` at `indent`.
-    fn emit_at(&mut self, indent: &str, name: &str, operands: &[&V], attrs: &str, shape: &[usize], ty: Ty) -> V {
+    fn emit_at(
+        &mut self,
+        indent: &str,
+        name: &str,
+        operands: &[&V],
+        attrs: &str,
+        shape: &[usize],
+        ty: Ty,
+    ) -> V {
         let out = V { name: self.fresh(), shape: shape.to_vec(), ty };
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty_str()).collect();
@@ -312,7 +342,13 @@ impl Emitter {
 
     /// A scalar constant (given as a literal of `ty`) broadcast to `shape`.
     fn splat_lit(&mut self, lit: &str, ty: Ty, shape: &[usize]) -> V {
-        let c = self.emit("stablehlo.constant", &[], &format!("value = dense<{lit}> : {}", tensor(&[], ty)), &[], ty);
+        let c = self.emit(
+            "stablehlo.constant",
+            &[],
+            &format!("value = dense<{lit}> : {}", tensor(&[], ty)),
+            &[],
+            ty,
+        );
         self.broadcast(&c, shape, &[])
     }
 
@@ -380,14 +416,30 @@ impl Emitter {
     /// `reduce` of `v` over `axes` with the binary op `body` and the initial
     /// value `init` (a literal of `v`'s type). The result drops the axes.
     fn reduce(&mut self, v: &V, axes: &[usize], init: &str, body: &str) -> V {
-        let init_v = self.emit("stablehlo.constant", &[], &format!("value = dense<{init}> : {}", v.scalar_ty()), &[], v.ty);
-        let out_shape: Vec<usize> = v.shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        let init_v = self.emit(
+            "stablehlo.constant",
+            &[],
+            &format!("value = dense<{init}> : {}", v.scalar_ty()),
+            &[],
+            v.ty,
+        );
+        let out_shape: Vec<usize> = v
+            .shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
         let out = V { name: self.fresh(), shape: out_shape, ty: v.ty };
         let (a, b) = (self.fresh(), self.fresh());
         let st = v.scalar_ty();
         let mut sorted = axes.to_vec();
         sorted.sort_unstable();
-        let _ = writeln!(self.body, "{INDENT}{} = \"stablehlo.reduce\"({}, {}) ({{", out.name, v.name, init_v.name);
+        let _ = writeln!(
+            self.body,
+            "{INDENT}{} = \"stablehlo.reduce\"({}, {}) ({{",
+            out.name, v.name, init_v.name
+        );
         let _ = writeln!(self.body, "{INDENT}^bb0({a}: {st}, {b}: {st}):");
         let av = V { name: a, shape: vec![], ty: v.ty };
         let bv = V { name: b, shape: vec![], ty: v.ty };
@@ -446,7 +498,8 @@ impl Emitter {
             Op::Parameter { .. } => return Err(unsupported("parameters are arguments, not ops")),
             Op::Full { value, .. } => self.splat(*value, ty, &shape),
             Op::Arange { start, step, len, .. } => {
-                let i = self.emit("stablehlo.iota", &[], "iota_dimension = 0 : i64", &[*len], Ty::F64);
+                let i =
+                    self.emit("stablehlo.iota", &[], "iota_dimension = 0 : i64", &[*len], Ty::F64);
                 let st = self.splat(*step, Ty::F64, &[*len]);
                 let s0 = self.splat(*start, Ty::F64, &[*len]);
                 let m = self.binary("stablehlo.multiply", &i, &st);
@@ -523,7 +576,13 @@ impl Emitter {
                     args[0].clone()
                 } else {
                     let refs: Vec<&V> = args.iter().collect();
-                    self.emit("stablehlo.concatenate", &refs, &format!("dimension = {axis} : i64"), &shape, ty)
+                    self.emit(
+                        "stablehlo.concatenate",
+                        &refs,
+                        &format!("dimension = {axis} : i64"),
+                        &shape,
+                        ty,
+                    )
                 }
             }
             Op::MatMul => self.matmul(&args[0], &args[1], &shape)?,
@@ -583,7 +642,9 @@ impl Emitter {
         let sg = self.binary("stablehlo.multiply", s, &golden);
         let x = self.binary("stablehlo.xor", &seed_v, &sg);
         let mut z = self.binary("stablehlo.add", &x, &golden);
-        for (shift, mul) in [(30u64, Some(0xBF58_476D_1CE4_E5B9u64)), (27, Some(0x94D0_49BB_1331_11EB)), (31, None)] {
+        for (shift, mul) in
+            [(30u64, Some(0xBF58_476D_1CE4_E5B9u64)), (27, Some(0x94D0_49BB_1331_11EB)), (31, None)]
+        {
             let sh = self.u64_splat(shift, &shape);
             let zs = self.binary("stablehlo.shift_right_logical", &z, &sh);
             z = self.binary("stablehlo.xor", &z, &zs);
@@ -607,7 +668,13 @@ impl Emitter {
     }
 
     /// The CPU backend's random stream over the flat element index.
-    fn random(&mut self, seed: u64, dist: trace_ir::Distribution, shape: &[usize], ty: Ty) -> Result<V> {
+    fn random(
+        &mut self,
+        seed: u64,
+        dist: trace_ir::Distribution,
+        shape: &[usize],
+        ty: Ty,
+    ) -> Result<V> {
         let n: usize = shape.iter().product();
         let idx = self.emit("stablehlo.iota", &[], "iota_dimension = 0 : i64", &[n], Ty::U64);
         let flat = match dist {
@@ -616,7 +683,12 @@ impl Emitter {
                     Ty::F32 => 24,
                     Ty::F16 => 11,
                     Ty::BF16 => 8,
-                    t => return Err(unsupported(format!("random values need a floating dtype, got {}", t.name()))),
+                    t => {
+                        return Err(unsupported(format!(
+                            "random values need a floating dtype, got {}",
+                            t.name()
+                        )))
+                    }
                 };
                 let u = self.uniform(seed, &idx, p);
                 self.convert(&u, ty)
@@ -661,7 +733,13 @@ impl Emitter {
                 Floor => x.clone(),
                 Sign => self.unary("stablehlo.sign", x),
                 LogicalNot => self.unary("stablehlo.not", x),
-                _ => return Err(unsupported(format!("{} needs a floating input, got {}", kind.name(), x.ty.name()))),
+                _ => {
+                    return Err(unsupported(format!(
+                        "{} needs a floating input, got {}",
+                        kind.name(),
+                        x.ty.name()
+                    )))
+                }
             });
         }
         let x = self.convert(x, x.ty.compute());
@@ -788,9 +866,21 @@ impl Emitter {
     fn arg_reduce(&mut self, kind: ArgReduceOp, x: &V, axis: usize) -> V {
         let max = kind == ArgReduceOp::Argmax;
         let shape = x.shape.clone();
-        let idx = self.emit("stablehlo.iota", &[], &format!("iota_dimension = {axis} : i64"), &shape, Ty::I64);
+        let idx = self.emit(
+            "stablehlo.iota",
+            &[],
+            &format!("iota_dimension = {axis} : i64"),
+            &shape,
+            Ty::I64,
+        );
         let init = if max { x.ty.lowest() } else { x.ty.highest() };
-        let iv = self.emit("stablehlo.constant", &[], &format!("value = dense<{init}> : {}", x.scalar_ty()), &[], x.ty);
+        let iv = self.emit(
+            "stablehlo.constant",
+            &[],
+            &format!("value = dense<{init}> : {}", x.scalar_ty()),
+            &[],
+            x.ty,
+        );
         let ii = self.emit(
             "stablehlo.constant",
             &[],
@@ -798,15 +888,22 @@ impl Emitter {
             &[],
             Ty::I64,
         );
-        let out_shape: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &d)| d).collect();
+        let out_shape: Vec<usize> =
+            shape.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &d)| d).collect();
         let rv = self.fresh();
         let names = [self.fresh(), self.fresh(), self.fresh(), self.fresh()];
         let st = x.scalar_ty();
         let it = tensor(&[], Ty::I64);
-        let _ =
-            writeln!(self.body, "{INDENT}{rv}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{", x.name, idx.name, iv.name, ii.name);
-        let _ =
-            writeln!(self.body, "{INDENT}^bb0({}: {st}, {}: {it}, {}: {st}, {}: {it}):", names[0], names[1], names[2], names[3]);
+        let _ = writeln!(
+            self.body,
+            "{INDENT}{rv}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{",
+            x.name, idx.name, iv.name, ii.name
+        );
+        let _ = writeln!(
+            self.body,
+            "{INDENT}^bb0({}: {st}, {}: {it}, {}: {st}, {}: {it}):",
+            names[0], names[1], names[2], names[3]
+        );
         let a = V { name: names[0].clone(), shape: vec![], ty: x.ty };
         let ia = V { name: names[1].clone(), shape: vec![], ty: Ty::I64 };
         let b = V { name: names[2].clone(), shape: vec![], ty: x.ty };
@@ -830,7 +927,11 @@ impl Emitter {
         let pick = self.emit_at(ind, "stablehlo.or", &[&pick_value, &tie], "", &[], Ty::I1);
         let v = self.emit_at(ind, "stablehlo.select", &[&pick, &a, &b], "", &[], x.ty);
         let i = self.emit_at(ind, "stablehlo.select", &[&pick, &ia, &ib], "", &[], Ty::I64);
-        let _ = writeln!(self.body, "{ind}\"stablehlo.return\"({}, {}) : ({st}, {it}) -> ()", v.name, i.name);
+        let _ = writeln!(
+            self.body,
+            "{ind}\"stablehlo.return\"({}, {}) : ({st}, {it}) -> ()",
+            v.name, i.name
+        );
         let _ = writeln!(
             self.body,
             "{INDENT}}}) {{dimensions = array<i64: {axis}>}} : ({}, {}, {st}, {it}) -> ({}, {})",
@@ -872,7 +973,12 @@ impl Emitter {
         if nb > 0 {
             let _ = write!(dn, "lhs_batching_dimensions = [{batch_dims}], rhs_batching_dimensions = [{batch_dims}], ");
         }
-        let _ = write!(dn, "lhs_contracting_dimensions = [{}], rhs_contracting_dimensions = [{}]>", nb + 1, nb);
+        let _ = write!(
+            dn,
+            "lhs_contracting_dimensions = [{}], rhs_contracting_dimensions = [{}]>",
+            nb + 1,
+            nb
+        );
         let v = self.emit("stablehlo.dot_general", &[&ab, &bb], &dn, out_shape, ct);
         Ok(self.convert(&v, out_ty))
     }
@@ -891,7 +997,10 @@ mod tests {
         let y = t.push(Op::Unary { kind: UnaryOp::Neg }, &[x]).unwrap();
         t.outputs = vec![y];
         let a = lower(&t).unwrap();
-        assert!(a.contains("func.func public @main(%arg0: tensor<2x3xf32>) -> (tensor<2x3xf32>)"), "{a}");
+        assert!(
+            a.contains("func.func public @main(%arg0: tensor<2x3xf32>) -> (tensor<2x3xf32>)"),
+            "{a}"
+        );
         assert!(a.contains("%0 = \"stablehlo.negate\"(%arg0)"), "{a}");
         assert!(!a.contains("exponential"), "{a}");
         assert_eq!(a, lower(&t.clone()).unwrap());
@@ -906,7 +1015,10 @@ mod tests {
         t.outputs = vec![y];
         let text = lower(&t).unwrap();
         assert!(!text.contains("broadcast_in_dim"), "{text}");
-        assert!(text.contains("lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [0]"), "{text}");
+        assert!(
+            text.contains("lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [0]"),
+            "{text}"
+        );
         assert!(text.contains("-> tensor<2x3x5xf32>"), "{text}");
     }
 
@@ -921,7 +1033,9 @@ mod tests {
         assert_eq!(lowered.with_aliases(&[]), lowered.text);
         let text = lowered.with_aliases(&[(1, 0)]);
         assert!(
-            text.contains("@main(%arg0: tensor<2xf32>, %arg1: tensor<2xf32> {tf.aliasing_output = 0 : i32})"),
+            text.contains(
+                "@main(%arg0: tensor<2xf32>, %arg1: tensor<2xf32> {tf.aliasing_output = 0 : i32})"
+            ),
             "{text}"
         );
     }
@@ -930,7 +1044,15 @@ mod tests {
     fn random_lowers_to_integer_math() {
         let mut t = Trace::new();
         let r = t
-            .push(Op::Random { seed: 1, dist: trace_ir::Distribution::Uniform, shape: shape(&[2]), dtype: DType::F32 }, &[])
+            .push(
+                Op::Random {
+                    seed: 1,
+                    dist: trace_ir::Distribution::Uniform,
+                    shape: shape(&[2]),
+                    dtype: DType::F32,
+                },
+                &[],
+            )
             .unwrap();
         t.outputs = vec![r];
         let text = lower(&t).unwrap();

@@ -68,8 +68,11 @@ pub fn plugin_candidates() -> Result<Vec<PathBuf>> {
         return Ok(vec![p]);
     }
     let dirs = site_packages_dirs();
-    let found: Vec<PathBuf> =
-        [LIBTPU, XLA_CPU_PLUGIN].iter().flat_map(|rel| dirs.iter().map(move |d| d.join(rel))).filter(|p| p.is_file()).collect();
+    let found: Vec<PathBuf> = [LIBTPU, XLA_CPU_PLUGIN]
+        .iter()
+        .flat_map(|rel| dirs.iter().map(move |d| d.join(rel)))
+        .filter(|p| p.is_file())
+        .collect();
     if !found.is_empty() {
         return Ok(found);
     }
@@ -107,7 +110,9 @@ fn site_packages_dirs() -> Vec<PathBuf> {
             let mut pys: Vec<PathBuf> = entries
                 .flatten()
                 .map(|e| e.path())
-                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+                .filter(|p| {
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3"))
+                })
                 .map(|p| p.join("site-packages"))
                 .filter(|p| p.is_dir())
                 .collect();
@@ -190,7 +195,9 @@ impl crate::buffer::DeviceData for SharedScalar {
 /// The PJRT buffer behind device storage, and whether it is shared.
 fn device_buffer(d: &dyn crate::buffer::DeviceData) -> Option<(&DeviceBuffer, bool)> {
     let any = d.as_any();
-    any.downcast_ref::<DeviceBuffer>().map(|b| (b, false)).or_else(|| any.downcast_ref::<SharedScalar>().map(|s| (&*s.0, true)))
+    any.downcast_ref::<DeviceBuffer>()
+        .map(|b| (b, false))
+        .or_else(|| any.downcast_ref::<SharedScalar>().map(|s| (&*s.0, true)))
 }
 
 /// The bits of a one-element value, as a cache key.
@@ -228,7 +235,10 @@ pub enum OptionValue {
 /// `XLA_FLAGS` is left to the user.
 pub fn compile_overrides() -> Vec<(&'static str, OptionValue)> {
     let all = [
-        ("xla_cpu_experimental_ynn_fusion_type", OptionValue::Str("LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE")),
+        (
+            "xla_cpu_experimental_ynn_fusion_type",
+            OptionValue::Str("LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"),
+        ),
         ("xla_cpu_enable_concurrency_optimized_scheduler", OptionValue::Bool(false)),
         // NaN propagates through max/min, as in the native backend.
         ("xla_cpu_enable_fast_min_max", OptionValue::Bool(false)),
@@ -259,7 +269,11 @@ impl PjrtBackend {
         let plugin = Plugin::load(path)?;
         let client = Client::new(plugin)?;
         // The overrides name XLA CPU options; other platforms keep their defaults.
-        let overrides = if client.platform_name.eq_ignore_ascii_case("cpu") { compile_overrides() } else { Vec::new() };
+        let overrides = if client.platform_name.eq_ignore_ascii_case("cpu") {
+            compile_overrides()
+        } else {
+            Vec::new()
+        };
         Ok(PjrtBackend {
             compiler: Arc::new(Compiler {
                 client,
@@ -307,7 +321,10 @@ impl PjrtBackend {
 
     pub fn cache_stats(&self) -> CacheStats {
         let c = &self.compiler.counters;
-        CacheStats { compiles: c.compiled.load(Ordering::Relaxed) as usize, hits: c.memory_hits.load(Ordering::Relaxed) as usize }
+        CacheStats {
+            compiles: c.compiled.load(Ordering::Relaxed) as usize,
+            hits: c.memory_hits.load(Ordering::Relaxed) as usize,
+        }
     }
 
     /// A one-line description: plugin path, API version, XLA version, platform.
@@ -346,7 +363,12 @@ impl PjrtBackend {
             true => None,
             false => Some(self.compiler.executable(&lowered.text, lowered.outputs.len())?),
         };
-        Ok(Arc::new(PjrtExecutable { exe, lowered, compiler: self.compiler.clone(), donating: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(PjrtExecutable {
+            exe,
+            lowered,
+            compiler: self.compiler.clone(),
+            donating: Mutex::new(HashMap::new()),
+        }))
     }
 }
 
@@ -358,8 +380,12 @@ impl Compiler {
     fn compute_identity(&self) -> Result<String> {
         let p = self.client.plugin();
         let (hash, len) = p.file_hash()?;
-        let mut attrs: Vec<String> =
-            p.attributes.iter().filter(|(k, _)| k.contains("version")).map(|(k, v)| format!("{k}={v}")).collect();
+        let mut attrs: Vec<String> = p
+            .attributes
+            .iter()
+            .filter(|(k, _)| k.contains("version"))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         attrs.sort();
         Ok(format!(
             "pjrt api {}.{}; platform {} {}; {}; plugin file {hash:016x} of {len} bytes; host {} cpu {:016x}; lowering {:?}; overrides {:?}",
@@ -394,7 +420,9 @@ impl Compiler {
                 if let (Some(store), Some(key)) = (&self.store, &store_key) {
                     match exe.serialize() {
                         Ok(bytes) => store.put(key, &bytes),
-                        Err(e) => tracing::warn!(error = %e, "cannot serialize a PJRT executable; it is not stored"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot serialize a PJRT executable; it is not stored")
+                        }
                     }
                 }
                 exe
@@ -406,7 +434,12 @@ impl Compiler {
     }
 
     fn store_key(&self, module: &str) -> Result<Vec<u8>> {
-        let mut key = format!("deferfuse {} pjrt executable\n{}\n", env!("CARGO_PKG_VERSION"), self.identity()?).into_bytes();
+        let mut key = format!(
+            "deferfuse {} pjrt executable\n{}\n",
+            env!("CARGO_PKG_VERSION"),
+            self.identity()?
+        )
+        .into_bytes();
         key.extend_from_slice(module.as_bytes());
         Ok(key)
     }
@@ -414,10 +447,13 @@ impl Compiler {
     /// The stored executable of a module, if the store has a loadable one.
     fn load(&self, key: Option<&[u8]>, outputs: usize) -> Option<LoadedExecutable> {
         let bytes = self.store.as_ref()?.get(key?)?;
-        let loaded = self.client.deserialize(&bytes).and_then(|exe| match exe.num_outputs() == outputs {
-            true => Ok(exe),
-            false => Err(err(format!("it has {} outputs, the module {outputs}", exe.num_outputs()))),
-        });
+        let loaded =
+            self.client.deserialize(&bytes).and_then(|exe| match exe.num_outputs() == outputs {
+                true => Ok(exe),
+                false => {
+                    Err(err(format!("it has {} outputs, the module {outputs}", exe.num_outputs())))
+                }
+            });
         match loaded {
             Ok(exe) => {
                 bump(&self.counters.loaded);
@@ -433,13 +469,16 @@ impl Compiler {
 
     fn compile_module(&self, module: &str, outputs: usize) -> Result<LoadedExecutable> {
         let context = |e: Error| match e {
-            Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("compiling the lowered trace: {msg}") },
+            Error::Backend { backend, msg } => {
+                Error::Backend { backend, msg: format!("compiling the lowered trace: {msg}") }
+            }
             other => other,
         };
         let overrides = self.overrides.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let exe = match self.client.compile(module, &api::compile_options(&overrides)) {
             Err(Error::Backend { msg, .. })
-                if !overrides.is_empty() && (msg.contains("compile option") || msg.contains("setting option")) =>
+                if !overrides.is_empty()
+                    && (msg.contains("compile option") || msg.contains("setting option")) =>
             {
                 // A plugin whose XLA lacks one of the options ("No such compile
                 // option", "While setting option"): compile with its defaults
@@ -451,7 +490,10 @@ impl Compiler {
             other => other.map_err(context)?,
         };
         if exe.num_outputs() != outputs {
-            return Err(err(format!("the compiled module has {} outputs, the trace {outputs}", exe.num_outputs())));
+            return Err(err(format!(
+                "the compiled module has {} outputs, the trace {outputs}",
+                exe.num_outputs()
+            )));
         }
         bump(&self.counters.compiled);
         Ok(exe)
@@ -478,14 +520,20 @@ pub fn program_trace(program: &Program) -> Result<Trace> {
     let mut map: Vec<Option<NodeId>> = vec![None; program.values.len()];
     let mut t = Trace::new();
     for &p in &program.params {
-        let meta = program.values.get(p).ok_or_else(|| bad(format!("parameter value {p} does not exist")))?;
+        let meta = program
+            .values
+            .get(p)
+            .ok_or_else(|| bad(format!("parameter value {p} does not exist")))?;
         if map[p].is_some() {
             return Err(bad(format!("value {p} is a parameter twice")));
         }
         map[p] = Some(t.push_parameter(meta.clone()));
     }
     let lookup = |map: &[Option<NodeId>], v: usize| -> Result<NodeId> {
-        map.get(v).copied().flatten().ok_or_else(|| bad(format!("value {v} is read before it is written")))
+        map.get(v)
+            .copied()
+            .flatten()
+            .ok_or_else(|| bad(format!("value {v} is read before it is written")))
     };
     for (k, kernel) in program.kernels.iter().enumerate() {
         match &kernel.kind {
@@ -538,7 +586,11 @@ impl Backend for PjrtBackend {
     /// Copies `data` to the device; the buffer stays there.
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
         if data.dtype() != meta.dtype {
-            return Err(Error::dtype("upload", "data dtype differs from the buffer's", &[meta.dtype, data.dtype()]));
+            return Err(Error::dtype(
+                "upload",
+                "data dtype differs from the buffer's",
+                &[meta.dtype, data.dtype()],
+            ));
         }
         if data.len() != meta.numel() {
             return Err(Error::DataLength {
@@ -575,7 +627,8 @@ impl Backend for PjrtBackend {
         match buffer.storage() {
             Storage::Host(d) => Ok(d.clone()),
             Storage::Device(d) => {
-                let (device, _) = device_buffer(d.as_ref()).ok_or_else(|| err("the buffer lives on another device backend"))?;
+                let (device, _) = device_buffer(d.as_ref())
+                    .ok_or_else(|| err("the buffer lives on another device backend"))?;
                 let data = device.to_host()?;
                 bump(&self.compiler.counters.device_to_host);
                 check_data("download", buffer.meta(), &data)?;
@@ -645,15 +698,24 @@ impl PjrtExecutable {
     }
 
     /// The executable that donates `aliases` (the plain one for none).
-    fn variant(&self, base: &Arc<LoadedExecutable>, aliases: &[(usize, usize)]) -> Result<Arc<LoadedExecutable>> {
+    fn variant(
+        &self,
+        base: &Arc<LoadedExecutable>,
+        aliases: &[(usize, usize)],
+    ) -> Result<Arc<LoadedExecutable>> {
         if aliases.is_empty() {
             return Ok(base.clone());
         }
         if let Some(exe) = self.donating.lock().unwrap_or_else(|p| p.into_inner()).get(aliases) {
             return Ok(exe.clone());
         }
-        let exe = self.compiler.executable(&self.lowered.with_aliases(aliases), self.lowered.outputs.len())?;
-        self.donating.lock().unwrap_or_else(|p| p.into_inner()).insert(aliases.to_vec(), exe.clone());
+        let exe = self
+            .compiler
+            .executable(&self.lowered.with_aliases(aliases), self.lowered.outputs.len())?;
+        self.donating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(aliases.to_vec(), exe.clone());
         Ok(exe)
     }
 }
@@ -694,7 +756,11 @@ impl Executable for PjrtExecutable {
     fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
         let params = &self.lowered.params;
         if inputs.len() != params.len() {
-            return Err(err(format!("the trace takes {} inputs, got {}", params.len(), inputs.len())));
+            return Err(err(format!(
+                "the trace takes {} inputs, got {}",
+                params.len(),
+                inputs.len()
+            )));
         }
         let Some(base) = &self.exe else { return Ok(Vec::new()) };
         let c = &self.compiler;

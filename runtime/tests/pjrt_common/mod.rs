@@ -30,8 +30,11 @@ pub fn pjrt() -> PjrtBackend {
 pub fn run_on(backend: &dyn Backend, trace: &Trace, inputs: &[HostData]) -> Result<Vec<HostData>> {
     let exe = backend.compile(&Program::unfused(trace))?;
     let params = trace.parameters();
-    let bufs =
-        inputs.iter().zip(params).map(|(d, p)| backend.upload(trace.meta(p).clone(), d.clone())).collect::<Result<Vec<_>>>()?;
+    let bufs = inputs
+        .iter()
+        .zip(params)
+        .map(|(d, p)| backend.upload(trace.meta(p).clone(), d.clone()))
+        .collect::<Result<Vec<_>>>()?;
     let outs = exe.run(bufs)?;
     outs.iter().map(|b| backend.download(b)).collect()
 }

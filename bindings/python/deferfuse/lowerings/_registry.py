@@ -9,7 +9,6 @@ import torch
 from .. import _state
 from .._engine import Tensor as ET
 
-
 LOWERINGS: dict[str, Callable[..., Any]] = {}
 
 

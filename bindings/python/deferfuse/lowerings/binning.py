@@ -41,6 +41,7 @@ from ._registry import Unsupported, eng, lower
 from ._registry import axis as as_axis  # segment_reduce has an argument named axis
 from .lookups import ONE_HOT_LIMIT
 
+
 def _check_input(x: ET, weight: ET | None) -> None:
     if not isinstance(x, ET) or x.dtype != "f32":
         raise Unsupported("histograms of dtypes other than float32")
@@ -66,8 +67,13 @@ def _fma(a: ET, b: ET, c: ET) -> ET:
     p = a.binary("mul", b)
     ah, al = _split(a)
     bh, bl = _split(b)
-    p_err = ah.binary("mul", bh).binary("sub", p).binary("add", ah.binary("mul", bl)) \
-        .binary("add", al.binary("mul", bh)).binary("add", al.binary("mul", bl))
+    p_err = (
+        ah.binary("mul", bh)
+        .binary("sub", p)
+        .binary("add", ah.binary("mul", bl))
+        .binary("add", al.binary("mul", bh))
+        .binary("add", al.binary("mul", bl))
+    )
     s = c.binary("add", p)
     z = s.binary("sub", c)
     s_err = c.binary("sub", s.binary("sub", z)).binary("add", p.binary("sub", z))
@@ -82,8 +88,9 @@ def _engine_edges(lo: ET, hi: ET, bins: int) -> ET:
     step = hi.binary("sub", lo).binary("div", float(bins))
     k = eng().arange(0, steps, 1, "f32")
     up = _fma(step.expand([steps]), k, lo.expand([steps]))
-    down = _fma(step.binary("mul", -1.0).expand([steps]),
-                eng().arange(steps - 1, -1, -1, "f32"), hi.expand([steps]))
+    down = _fma(
+        step.binary("mul", -1.0).expand([steps]), eng().arange(steps - 1, -1, -1, "f32"), hi.expand([steps])
+    )
     return k.binary("lt", float(steps // 2)).where_(up, down)
 
 
@@ -98,13 +105,22 @@ def _outer_from_data(col: ET, widen: float) -> tuple[ET, ET, ET]:
     same = lo.binary("eq", hi)
     lo = same.where_(lo.binary("sub", widen), lo)
     hi = same.where_(hi.binary("add", widen), hi)
-    finite = lo.unary("abs").binary("lt", float("inf")).binary("logical_and", hi.unary("abs").binary("lt", float("inf")))
+    finite = (
+        lo.unary("abs")
+        .binary("lt", float("inf"))
+        .binary("logical_and", hi.unary("abs").binary("lt", float("inf")))
+    )
     return lo, hi, finite.binary("logical_and", nan_seen.unary("logical_not"))
 
 
 def _linear_bin(col: ET, left: ET, right: ET, bins: int) -> ET:
     """histc's bin: trunc((x - left) * bins / (right - left)), as float32."""
-    return col.binary("sub", left).binary("mul", float(bins)).binary("div", right.binary("sub", left)).unary("floor")
+    return (
+        col.binary("sub", left)
+        .binary("mul", float(bins))
+        .binary("div", right.binary("sub", left))
+        .unary("floor")
+    )
 
 
 def _count_le(col: ET, edges: ET) -> ET:
@@ -139,8 +155,15 @@ def _upper_bound(col: ET, edges: ET) -> ET:
     return first.binary("sub", 1.0)
 
 
-def _histogramdd(x: ET, edges: list[ET], outer: list[tuple[ET, ET]], how: str, weight: ET | None,
-                 density: bool, finite: ET | None) -> ET:
+def _histogramdd(
+    x: ET,
+    edges: list[ET],
+    outer: list[tuple[ET, ET]],
+    how: str,
+    weight: ET | None,
+    density: bool,
+    finite: ET | None,
+) -> ET:
     """The joint histogram of x's rows ([N, D]) over D edge lists."""
     n, d = x.shape
     bins = [e.shape[0] - 1 for e in edges]
@@ -152,7 +175,9 @@ def _histogramdd(x: ET, edges: list[ET], outer: list[tuple[ET, ET]], how: str, w
     for axis in range(d):
         col = x.slice(1, axis, axis + 1, 1).reshape([n])
         left, right = outer[axis]
-        keep = keep.binary("logical_and", col.binary("ge", left)).binary("logical_and", col.binary("le", right))
+        keep = keep.binary("logical_and", col.binary("ge", left)).binary(
+            "logical_and", col.binary("le", right)
+        )
         if how == "histc":
             pos = _linear_bin(col, left, right, bins[axis])
         elif how == "count":
@@ -160,14 +185,17 @@ def _histogramdd(x: ET, edges: list[ET], outer: list[tuple[ET, ET]], how: str, w
         else:
             pos = _upper_bound(col, edges[axis])
         pos = pos.binary("eq", float(bins[axis])).where_(float(bins[axis] - 1), pos)  # the last bin is closed
-        stride = math.prod(bins[axis + 1:])
+        stride = math.prod(bins[axis + 1 :])
         flat = flat.binary("add", pos.binary("mul", float(stride)))
     # Out-of-range elements point at no bin.
     flat = keep.where_(flat, -1.0)
     mask = flat.reshape([n, 1]).binary("eq", eng().arange(0, total, 1, "f32"))
     value = weight.reshape([n, 1]) if weight is not None else 1.0
-    hist = mask.where_(value, eng().full(0.0, [], "f32")).reduce("sum", [0], False) if n else \
-        eng().full(0.0, [total], "f32")
+    hist = (
+        mask.where_(value, eng().full(0.0, [], "f32")).reduce("sum", [0], False)
+        if n
+        else eng().full(0.0, [total], "f32")
+    )
     hist = hist.reshape(bins)
     if density:
         hist = hist.binary("div", hist.reduce("sum", list(range(d)), False))
@@ -186,7 +214,9 @@ def _as_rows(x: ET, d: int) -> ET:
     return x.reshape([n, d])
 
 
-def _bin_ct_edges(x: ET, bins: list[int], range_: Any, widen: float) -> tuple[list[ET], list[tuple[ET, ET]], ET | None]:
+def _bin_ct_edges(
+    x: ET, bins: list[int], range_: Any, widen: float
+) -> tuple[list[ET], list[tuple[ET, ET]], ET | None]:
     """Edges for bin counts: from a given range on the host, else from the
     data on the engine."""
     d = len(bins)
@@ -225,18 +255,23 @@ def histc(self: ET, bins: int = 100, min: Any = 0, max: Any = 0) -> ET:
         col = x.reshape([x.shape[0]])
         left, right, finite = _outer_from_data(col, 1.0)
         # histc never looks at the inner edges: a placeholder carries the bin count.
-        return _histogramdd(x, [eng().full(0.0, [bins + 1], "f32")], [(left, right)], "histc", None, False, finite)
+        return _histogramdd(
+            x, [eng().full(0.0, [bins + 1], "f32")], [(left, right)], "histc", None, False, finite
+        )
     if lo == hi:
         lo, hi = lo - 1.0, hi + 1.0
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi or bins <= 0:
         raise Unsupported("a range PyTorch rejects")
     e = _host_edges(lo, hi, bins)
-    return _histogramdd(x, [e], [(e.slice(0, 0, 1, 1), e.slice(0, bins, bins + 1, 1))], "histc", None, False, None)
+    return _histogramdd(
+        x, [e], [(e.slice(0, 0, 1, 1), e.slice(0, bins, bins + 1, 1))], "histc", None, False, None
+    )
 
 
 @lower("histogram.bin_ct")
-def histogram_bin_ct(self: ET, bins: int = 100, *, range: Any = None, weight: ET | None = None,
-                     density: bool = False) -> tuple[ET, ET]:
+def histogram_bin_ct(
+    self: ET, bins: int = 100, *, range: Any = None, weight: ET | None = None, density: bool = False
+) -> tuple[ET, ET]:
     _check_input(self, weight)
     x = _as_rows(self, 1)
     edges, outer, finite = _bin_ct_edges(x, [bins], range, 0.5)
@@ -244,7 +279,9 @@ def histogram_bin_ct(self: ET, bins: int = 100, *, range: Any = None, weight: ET
 
 
 @lower("histogram.bins_tensor")
-def histogram_bins_tensor(self: ET, bins: ET, *, weight: ET | None = None, density: bool = False) -> tuple[ET, ET]:
+def histogram_bins_tensor(
+    self: ET, bins: ET, *, weight: ET | None = None, density: bool = False
+) -> tuple[ET, ET]:
     _check_input(self, weight)
     if not isinstance(bins, ET) or bins.dtype != "f32" or len(bins.shape) != 1 or bins.shape[0] < 2:
         raise Unsupported("bin edges PyTorch rejects")
@@ -262,8 +299,9 @@ def _dd_input(self: ET, d: int, weight: ET | None) -> ET:
 
 
 @lower("_histogramdd_bin_edges.default")
-def histogramdd_bin_edges(self: ET, bins: Any, *, range: Any = None, weight: ET | None = None,
-                          density: bool = False) -> list[ET]:
+def histogramdd_bin_edges(
+    self: ET, bins: Any, *, range: Any = None, weight: ET | None = None, density: bool = False
+) -> list[ET]:
     x = _dd_input(self, len(bins), weight)
     edges, _, finite = _bin_ct_edges(x, list(bins), range, 0.5)
     if finite is not None:
@@ -272,15 +310,18 @@ def histogramdd_bin_edges(self: ET, bins: Any, *, range: Any = None, weight: ET 
 
 
 @lower("_histogramdd_from_bin_cts.default")
-def histogramdd_from_bin_cts(self: ET, bins: Any, *, range: Any = None, weight: ET | None = None,
-                             density: bool = False) -> ET:
+def histogramdd_from_bin_cts(
+    self: ET, bins: Any, *, range: Any = None, weight: ET | None = None, density: bool = False
+) -> ET:
     x = _dd_input(self, len(bins), weight)
     edges, outer, finite = _bin_ct_edges(x, list(bins), range, 0.5)
     return _histogramdd(x, edges, outer, "count", _flat_weight(weight), density, finite)
 
 
 @lower("_histogramdd_from_bin_tensors.default")
-def histogramdd_from_bin_tensors(self: ET, bins: Any, *, weight: ET | None = None, density: bool = False) -> ET:
+def histogramdd_from_bin_tensors(
+    self: ET, bins: Any, *, weight: ET | None = None, density: bool = False
+) -> ET:
     x = _dd_input(self, len(bins), weight)
     for b in bins:
         if not isinstance(b, ET) or b.dtype != "f32" or len(b.shape) != 1 or b.shape[0] < 2:
@@ -309,15 +350,26 @@ def _segment_bounds(lengths: ET | None, offsets: ET | None) -> tuple[ET, ET]:
         return o.slice(-1, 0, s, 1), o.slice(-1, 1, s + 1, 1)
     s = lengths.shape[-1]
     ln = lengths.cast("i64")
-    upto = eng().arange(0, s, 1, "i64").reshape([s, 1]).binary("ge", eng().arange(0, s, 1, "i64"))  # [i, j]: j <= i
+    upto = (
+        eng().arange(0, s, 1, "i64").reshape([s, 1]).binary("ge", eng().arange(0, s, 1, "i64"))
+    )  # [i, j]: j <= i
     terms = upto.where_(ln.reshape(list(ln.shape[:-1]) + [1, s]), eng().full(0.0, [], "i64"))
     end = terms.reduce("sum", [-1], False)
     return end.binary("sub", ln), end
 
 
 @lower("segment_reduce.default")
-def segment_reduce(data: ET, reduce: str, *, lengths: ET | None = None, indices: ET | None = None,
-                   offsets: ET | None = None, axis: int = 0, unsafe: bool = False, initial: Any = None) -> ET:
+def segment_reduce(
+    data: ET,
+    reduce: str,
+    *,
+    lengths: ET | None = None,
+    indices: ET | None = None,
+    offsets: ET | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: Any = None,
+) -> ET:
     """Each segment's reduction as a reduction of the data masked to it: values
     outside the segment become the reduction's identity, and `initial` (or
     PyTorch's default start) joins as one more value. An empty segment's mean
@@ -333,19 +385,24 @@ def segment_reduce(data: ET, reduce: str, *, lengths: ET | None = None, indices:
         raise Unsupported("lengths / offsets that do not match the data's leading dimensions")
     start, end = _segment_bounds(lengths, offsets)  # [outer..., S]
     s, j = start.shape[-1], data.shape[axis]
-    inner = list(data.shape[axis + 1:])
+    inner = list(data.shape[axis + 1 :])
     if math.prod(data.shape[:axis]) * s * j * max(1, math.prod(inner)) > ONE_HOT_LIMIT:
         raise Unsupported("a segment reduction too large for masks")
     outer = list(data.shape[:axis])
     pos = eng().arange(0, j, 1, "i64")
-    member = start.reshape(outer + [s, 1]).binary("le", pos).binary(
-        "logical_and", end.reshape(outer + [s, 1]).binary("gt", pos))  # [outer..., S, J]
+    member = (
+        start.reshape(outer + [s, 1])
+        .binary("le", pos)
+        .binary("logical_and", end.reshape(outer + [s, 1]).binary("gt", pos))
+    )  # [outer..., S, J]
     member = member.reshape(outer + [s, j] + [1] * len(inner))
     values = data.reshape(outer + [1, j] + inner)
     first = _SEGMENT_START[reduce] if initial is None else float(initial)
     kind = "sum" if reduce == "mean" else reduce
     masked = member.where_(values, eng().full(_SEGMENT_START[kind], [], "f32"))
-    masked = eng().cat([eng().full(first, outer + [s, 1] + inner, "f32"), masked.expand(outer + [s, j] + inner)], axis + 1)
+    masked = eng().cat(
+        [eng().full(first, outer + [s, 1] + inner, "f32"), masked.expand(outer + [s, j] + inner)], axis + 1
+    )
     out = masked.reduce(kind, [axis + 1], False)  # [outer..., S, inner...]
     if reduce != "mean":
         return out

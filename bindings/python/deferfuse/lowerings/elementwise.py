@@ -8,11 +8,24 @@ from typing import Any, Callable
 from .._engine import Tensor as ET
 from ._registry import LOWERINGS, Unsupported, eng, is_float, lower, need_tensor
 
-
 UNARY = {
-    "abs": "abs", "neg": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
-    "reciprocal": "reciprocal", "tanh": "tanh", "sigmoid": "sigmoid", "relu": "relu", "silu": "silu",
-    "sin": "sin", "cos": "cos", "floor": "floor", "sign": "sign", "sgn": "sign", "logical_not": "logical_not",
+    "abs": "abs",
+    "neg": "neg",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "relu": "relu",
+    "silu": "silu",
+    "sin": "sin",
+    "cos": "cos",
+    "floor": "floor",
+    "sign": "sign",
+    "sgn": "sign",
+    "logical_not": "logical_not",
 }
 
 
@@ -31,7 +44,9 @@ def gelu(self: ET, approximate: str = "none") -> ET:
 
 @lower("square.default")
 def square(self: ET) -> ET:
-    return self.binary("mul", self) if self.dtype != "bool" else self.cast("i64").binary("mul", self.cast("i64"))
+    return (
+        self.binary("mul", self) if self.dtype != "bool" else self.cast("i64").binary("mul", self.cast("i64"))
+    )
 
 
 @lower("ceil.default")
@@ -77,7 +92,11 @@ def isnan(self: ET) -> ET:
 
 @lower("isinf.default")
 def isinf(self: ET) -> ET:
-    return self.unary("abs").binary("eq", float("inf")) if is_float(self) else eng().full(0.0, list(self.shape), "bool")
+    return (
+        self.unary("abs").binary("eq", float("inf"))
+        if is_float(self)
+        else eng().full(0.0, list(self.shape), "bool")
+    )
 
 
 @lower("isposinf.default")
@@ -121,9 +140,22 @@ def rsub(self: Any, other: Any, alpha: Any = 1) -> ET:
 
 
 BINARY = {
-    "mul": "mul", "maximum": "maximum", "minimum": "minimum", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le",
-    "gt": "gt", "ge": "ge", "logical_and": "logical_and", "logical_or": "logical_or",
-    "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne",
+    "mul": "mul",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "eq": "eq",
+    "ne": "ne",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
+    "greater": "gt",
+    "less": "lt",
+    "greater_equal": "ge",
+    "less_equal": "le",
+    "not_equal": "ne",
 }
 
 
@@ -149,7 +181,9 @@ def _binary(name: str) -> Callable[..., ET]:
 
 
 for _aten, _name in BINARY.items():
-    LOWERINGS[f"{_aten}.Tensor"] = LOWERINGS[f"{_aten}.Scalar"] = LOWERINGS[f"{_aten}.default"] = _binary(_name)
+    LOWERINGS[f"{_aten}.Tensor"] = LOWERINGS[f"{_aten}.Scalar"] = LOWERINGS[f"{_aten}.default"] = _binary(
+        _name
+    )
 
 
 def logical(name: str, a: Any, b: Any) -> ET:
@@ -358,7 +392,9 @@ def tanh_backward(grad_output: ET, output: ET) -> ET:
 @lower("silu_backward.default")
 def silu_backward(grad_output: ET, self: ET) -> ET:
     s = self.unary("sigmoid")
-    return grad_output.binary("mul", s.binary("mul", self.binary("mul", s.unary("neg").binary("add", 1.0)).binary("add", 1.0)))
+    return grad_output.binary(
+        "mul", s.binary("mul", self.binary("mul", s.unary("neg").binary("add", 1.0)).binary("add", 1.0))
+    )
 
 
 @lower("gelu_backward.default")
@@ -369,8 +405,15 @@ def gelu_backward(grad_output: ET, self: ET, approximate: str = "none") -> ET:
         inner = x.binary("add", x.binary("mul", x).binary("mul", x).binary("mul", 0.044715)).binary("mul", k)
         t = inner.unary("tanh")
         dinner = x.binary("mul", x).binary("mul", 3 * 0.044715).binary("add", 1.0).binary("mul", k)
-        d = t.binary("add", 1.0).binary("mul", 0.5).binary(
-            "add", x.binary("mul", 0.5).binary("mul", t.binary("mul", t).unary("neg").binary("add", 1.0)).binary("mul", dinner)
+        d = (
+            t.binary("add", 1.0)
+            .binary("mul", 0.5)
+            .binary(
+                "add",
+                x.binary("mul", 0.5)
+                .binary("mul", t.binary("mul", t).unary("neg").binary("add", 1.0))
+                .binary("mul", dinner),
+            )
         )
         return grad_output.binary("mul", d)
     # d/dx x*Phi(x) = Phi(x) + x*phi(x); Phi(x) = gelu(x)/x away from 0, 1/2 at 0.
@@ -484,7 +527,9 @@ def _atan_unit(t: ET) -> ET:
     odd Taylor series to u^19 (next term < 0.268^21/21 ~ 5e-14, far below f32
     rounding)."""
     shift = t.binary("gt", 2.0 - _SQRT3)
-    u = shift.where_(t.binary("sub", 1.0 / _SQRT3).binary("div", t.binary("div", _SQRT3).binary("add", 1.0)), t)
+    u = shift.where_(
+        t.binary("sub", 1.0 / _SQRT3).binary("div", t.binary("div", _SQRT3).binary("add", 1.0)), t
+    )
     u2 = u.binary("mul", u)
     acc = None
     for k in range(19, 0, -2):  # Horner in u^2 on the coefficients (-1)^j / (2j+1)
@@ -578,7 +623,12 @@ def _lgamma_positive(x: ET) -> ET:
     inv2 = inv.binary("mul", inv)
     series = inv2.binary("mul", -1.0 / 1680).binary("add", 1.0 / 1260).binary("mul", inv2)
     series = series.binary("sub", 1.0 / 360).binary("mul", inv2).binary("add", 1.0 / 12).binary("mul", inv)
-    stirling = z.binary("sub", 0.5).binary("mul", z.unary("log")).binary("sub", z).binary("add", 0.5 * math.log(2 * math.pi))
+    stirling = (
+        z.binary("sub", 0.5)
+        .binary("mul", z.unary("log"))
+        .binary("sub", z)
+        .binary("add", 0.5 * math.log(2 * math.pi))
+    )
     stirling = stirling.binary("add", series)
     return small.where_(stirling.binary("sub", small.where_(prod, 1.0).unary("log")), stirling)
 
@@ -601,7 +651,11 @@ def lgamma(self: ET) -> ET:
     pole = abs_sin.binary("eq", 0.0)
     reflected = abs_sin.binary("mul", 1.0 / math.pi).unary("log").unary("neg").binary("sub", positive)
     out = neg.where_(pole.where_(float("inf"), reflected), positive)
-    out = x.binary("eq", float("inf")).binary("logical_or", x.binary("eq", float("-inf"))).where_(float("inf"), out)
+    out = (
+        x.binary("eq", float("inf"))
+        .binary("logical_or", x.binary("eq", float("-inf")))
+        .where_(float("inf"), out)
+    )
     return x.binary("ne", x).where_(x, out)
 
 
@@ -643,16 +697,29 @@ def digamma(self: ET) -> ET:
     at_zero = _neg_sign(x).where_(float("inf"), float("-inf"))
     out = neg.where_(pole.where_(float("nan"), reflected), positive)
     out = zero.where_(at_zero, out)
-    out = x.binary("eq", float("inf")).where_(float("inf"), x.binary("eq", float("-inf")).where_(float("nan"), out))
+    out = x.binary("eq", float("inf")).where_(
+        float("inf"), x.binary("eq", float("-inf")).where_(float("nan"), out)
+    )
     return x.binary("ne", x).where_(x, out)
 
 
 # ---- polygamma ----------------------------------------------------------------------
 
 # Cephes' zeta: the Euler-Maclaurin tail's coefficients (2k)! / B_2k.
-_ZETA_A = [12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
-           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
-           1.8152105401943546773e17, -7.1661652561756670113e18]
+_ZETA_A = [
+    12.0,
+    -720.0,
+    30240.0,
+    -1209600.0,
+    47900160.0,
+    -1.8924375803183791606e9,
+    7.47242496e10,
+    -2.950130727918164224e12,
+    1.1646782814350067249e14,
+    -4.5979787224074726105e15,
+    1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+]
 
 
 def _zeta_parts(s: int, q: ET) -> tuple[list[ET], ET]:
@@ -722,14 +789,20 @@ def _trigamma(x: ET) -> ET:
     then the asymptotic series."""
     low = x.binary("lt", 0.5)
     sin_pi = x.binary("mul", math.pi).unary("sin")
-    reflect = low.where_(sin_pi.binary("mul", sin_pi).unary("reciprocal").binary("mul", -(math.pi ** 2)), 0.0)
+    reflect = low.where_(sin_pi.binary("mul", sin_pi).unary("reciprocal").binary("mul", -(math.pi**2)), 0.0)
     z = low.where_(x.unary("neg").binary("add", 1.0), x)
     total = reflect
     for _ in range(6):
         total = total.binary("add", z.binary("mul", z).unary("reciprocal"))
         z = z.binary("add", 1.0)
     ixx = z.binary("mul", z).unary("reciprocal")
-    tail = ixx.binary("mul", -1.0 / 42).binary("add", 1.0 / 30).binary("mul", ixx).unary("neg").binary("add", 1.0 / 6)
+    tail = (
+        ixx.binary("mul", -1.0 / 42)
+        .binary("add", 1.0 / 30)
+        .binary("mul", ixx)
+        .unary("neg")
+        .binary("add", 1.0 / 6)
+    )
     tail = tail.binary("mul", ixx).binary("add", z.unary("reciprocal").binary("mul", 0.5)).binary("add", 1.0)
     total = total.binary("add", tail.binary("div", z))
     return low.where_(total.unary("neg"), total)

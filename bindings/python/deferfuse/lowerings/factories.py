@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .._engine import Tensor as ET
 from .. import _state
+from .._engine import Tensor as ET
 from ._registry import Unsupported, dt, eng, lower
 
 
@@ -61,30 +61,64 @@ def _factory_dtype(dtype: torch.dtype | None, default: torch.dtype) -> str:
 
 
 @lower("full.default")
-def full(size: Any, fill_value: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
+def full(
+    size: Any,
+    fill_value: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> ET:
     if dtype is None:
-        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) else torch.get_default_dtype()
+        dtype = (
+            torch.bool
+            if isinstance(fill_value, bool)
+            else torch.int64
+            if isinstance(fill_value, int)
+            else torch.get_default_dtype()
+        )
     return constant(float(fill_value), list(size), _factory_dtype(dtype, dtype))
 
 
 @lower("scalar_tensor.default")
-def scalar_tensor(s: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
+def scalar_tensor(
+    s: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> ET:
     return constant(float(s), [], _factory_dtype(dtype, torch.get_default_dtype()))
 
 
 @lower("empty.memory_format")
-def empty(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> ET:
+def empty(
+    size: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> ET:
     return eng().full(0.0, list(size), _factory_dtype(dtype, torch.get_default_dtype()))
 
 
 @lower("empty_strided.default")
-def empty_strided(size: Any, stride: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
+def empty_strided(
+    size: Any,
+    stride: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> ET:
     return empty(size, dtype=dtype)
 
 
 def _arange(start: Any, end: Any, step: Any, dtype: Any) -> ET:
     if dtype is None:
-        dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+        dtype = (
+            torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+        )
     name = dt(dtype)
     if name != "i64" and any(isinstance(v, float) for v in (start, end, step)) and name != "f32":
         raise Unsupported("low-precision float arange")
@@ -92,17 +126,30 @@ def _arange(start: Any, end: Any, step: Any, dtype: Any) -> ET:
 
 
 @lower("arange.default")
-def arange(end: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
+def arange(
+    end: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> ET:
     return _arange(0, end, 1, dtype)
 
 
 @lower("arange.start")
-def arange_start(start: Any, end: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
+def arange_start(
+    start: Any, end: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> ET:
     return _arange(start, end, 1, dtype)
 
 
 @lower("arange.start_step")
-def arange_start_step(start: Any, end: Any, step: Any = 1, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> ET:
+def arange_start_step(
+    start: Any,
+    end: Any,
+    step: Any = 1,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> ET:
     return _arange(start, end, step, dtype)
 
 

@@ -29,7 +29,6 @@ import math
 from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, lower
 
-
 MAX_REFLECTORS = 64
 WORK_LIMIT = 1 << 22
 

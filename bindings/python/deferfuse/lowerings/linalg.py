@@ -135,13 +135,16 @@ def _solve_triangular(a: ET, b: ET, upper: bool, left: bool, unit: bool) -> ET:
 
 
 @lower("linalg_solve_triangular.default")
-def linalg_solve_triangular(self: ET, B: ET, *, upper: bool, left: bool = True, unitriangular: bool = False) -> ET:
+def linalg_solve_triangular(
+    self: ET, B: ET, *, upper: bool, left: bool = True, unitriangular: bool = False
+) -> ET:
     return _solve_triangular(self, B, upper, left, unitriangular)
 
 
 @lower("triangular_solve.default")
-def triangular_solve(self: ET, A: ET, upper: bool = True, transpose: bool = False,
-                     unitriangular: bool = False) -> tuple[ET, ET]:
+def triangular_solve(
+    self: ET, A: ET, upper: bool = True, transpose: bool = False, unitriangular: bool = False
+) -> tuple[ET, ET]:
     """The older API: solves A X = b (or A^T X = b) and returns a copy of A
     broadcast to the batch shape alongside."""
     _check(self, A)
@@ -283,8 +286,11 @@ def _lu_factor(a: ET) -> tuple[ET, ET, ET]:
         s = _swap_rows(s, j, p)
         pivot = _row(_col(s, j), j)
         nonzero = pivot.binary("ne", 0.0)
-        info = nonzero.unary("logical_not").binary("logical_and", info.binary("eq", 0)).where_(
-            _int_full(j + 1, []), info)
+        info = (
+            nonzero.unary("logical_not")
+            .binary("logical_and", info.binary("eq", 0))
+            .where_(_int_full(j + 1, []), info)
+        )
         below = rows.binary("gt", j)
         l = _keep(nonzero.where_(_col(s, j).binary("div", nonzero.where_(pivot, 1.0)), _col(s, j)), below)
         u = _keep(_row(s, j), cols.binary("gt", j))
@@ -382,7 +388,9 @@ def _unpack_data(lu: ET) -> tuple[ET, ET]:
 
 
 @lower("lu_unpack.default")
-def lu_unpack(LU_data: ET, LU_pivots: ET, unpack_data: bool = True, unpack_pivots: bool = True) -> tuple[ET, ET, ET]:
+def lu_unpack(
+    LU_data: ET, LU_pivots: ET, unpack_data: bool = True, unpack_pivots: bool = True
+) -> tuple[ET, ET, ET]:
     _check(LU_data)
     m, n = LU_data.shape[-2], LU_data.shape[-1]
     if not (unpack_data and unpack_pivots) or max(m, n) > MAX_N or LU_pivots.dtype != "i32":
@@ -393,7 +401,11 @@ def lu_unpack(LU_data: ET, LU_pivots: ET, unpack_data: bool = True, unpack_pivot
     k = min(m, n)
     if math.prod(LU_data.shape) == 0:
         # No swaps were recorded: P is the identity (or itself empty).
-        p = _eye(m).where_(1.0, 0.0).cast("f32").expand(batch + [m, m]) if m * math.prod(batch) else _zeros(batch + [m, m])
+        p = (
+            _eye(m).where_(1.0, 0.0).cast("f32").expand(batch + [m, m])
+            if m * math.prod(batch)
+            else _zeros(batch + [m, m])
+        )
         return p, _zeros(batch + [m, k]), _zeros(batch + [k, n])
     l, u = _unpack_data(LU_data)
     return _unpack_pivots(LU_pivots, m), l, u
@@ -490,7 +502,12 @@ def linalg_slogdet(A: ET) -> tuple[ET, ET, ET, ET]:
     n = _order(A)
     batch = list(A.shape[:-2])
     if _empty_det(A):
-        return (eng().full(1.0, batch, "f32"), _zeros(batch), _zeros(list(A.shape)), _int_full(0, batch + [n]))
+        return (
+            eng().full(1.0, batch, "f32"),
+            _zeros(batch),
+            _zeros(list(A.shape)),
+            _int_full(0, batch + [n]),
+        )
     lu, piv, diag, sign = _lu_of_transpose(A)
     sgn = diag.unary("sign").reduce("prod", [-1], False).binary("mul", sign)
     logabs = diag.unary("abs").unary("log").reduce("sum", [-1], False)
@@ -516,11 +533,15 @@ def _rotate(cp: ET, cq: ET) -> tuple[ET, ET]:
     two_gamma = skip.where_(1.0, gamma.binary("mul", 2.0))
     zeta = skip.where_(0.0, beta.binary("sub", alpha).binary("div", two_gamma))
     sign = zeta.binary("ge", 0.0).where_(1.0, -1.0)
-    t = sign.binary("div", zeta.unary("abs").binary("add", zeta.binary("mul", zeta).binary("add", 1.0).unary("sqrt")))
+    t = sign.binary(
+        "div", zeta.unary("abs").binary("add", zeta.binary("mul", zeta).binary("add", 1.0).unary("sqrt"))
+    )
     t = skip.where_(0.0, t)
     c = t.binary("mul", t).binary("add", 1.0).unary("rsqrt")
     s = c.binary("mul", t)
-    return c.binary("mul", cp).binary("sub", s.binary("mul", cq)), s.binary("mul", cp).binary("add", c.binary("mul", cq))
+    return c.binary("mul", cp).binary("sub", s.binary("mul", cq)), s.binary("mul", cp).binary(
+        "add", c.binary("mul", cq)
+    )
 
 
 def _descending(values: ET) -> ET:
@@ -546,7 +567,9 @@ def _all_finite(a: ET) -> bool:
 
 
 @lower("_linalg_svd.default")
-def linalg_svd(A: ET, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None) -> tuple[ET, ET, ET]:
+def linalg_svd(
+    A: ET, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None
+) -> tuple[ET, ET, ET]:
     """Singular values only (compute_uv=False, as svdvals, matrix norms and
     cond ask): singular vectors are unique only up to sign, and LAPACK's
     signs cannot be reproduced, so those stay on the CPU. PyTorch raises for
@@ -596,11 +619,18 @@ def _jacobi_rotation(s: ET, p: int, q: int) -> ET:
     is already negligible next to the diagonal, which keeps zeta finite)."""
     n = s.shape[-1]
     app, aqq, apq = _row(_col(s, p), p), _row(_col(s, q), q), _row(_col(s, q), p)
-    skip = apq.unary("abs").binary("le", app.unary("abs").binary("add", aqq.unary("abs")).binary("mul", 1e-10))
+    skip = apq.unary("abs").binary(
+        "le", app.unary("abs").binary("add", aqq.unary("abs")).binary("mul", 1e-10)
+    )
     skip = skip.binary("logical_or", apq.binary("eq", 0.0))
     zeta = skip.where_(0.0, aqq.binary("sub", app).binary("div", skip.where_(1.0, apq.binary("mul", 2.0))))
     sign = zeta.binary("ge", 0.0).where_(1.0, -1.0)
-    t = skip.where_(0.0, sign.binary("div", zeta.unary("abs").binary("add", zeta.binary("mul", zeta).binary("add", 1.0).unary("sqrt"))))
+    t = skip.where_(
+        0.0,
+        sign.binary(
+            "div", zeta.unary("abs").binary("add", zeta.binary("mul", zeta).binary("add", 1.0).unary("sqrt"))
+        ),
+    )
     c = t.binary("mul", t).binary("add", 1.0).unary("rsqrt")
     sn = c.binary("mul", t)
     idx = eng().arange(0, n, 1, "i64")
@@ -696,9 +726,15 @@ def _ldl_factor(a: ET) -> tuple[ET, ET, ET]:
         aimax = _keep(row_imax, cols.binary("eq", imax)).reduce("sum", [-1], True).unary("abs")
         no_swap = absakk.binary("ge", colmax.binary("mul", _BK_ALPHA))
         safe_rowmax = rowmax.binary("eq", 0.0).where_(1.0, rowmax)
-        no_swap = no_swap.binary("logical_or", absakk.binary("ge", colmax.binary("mul", _BK_ALPHA).binary(
-            "mul", colmax.binary("div", safe_rowmax))))
-        one_swap = no_swap.unary("logical_not").binary("logical_and", aimax.binary("ge", rowmax.binary("mul", _BK_ALPHA)))
+        no_swap = no_swap.binary(
+            "logical_or",
+            absakk.binary(
+                "ge", colmax.binary("mul", _BK_ALPHA).binary("mul", colmax.binary("div", safe_rowmax))
+            ),
+        )
+        one_swap = no_swap.unary("logical_not").binary(
+            "logical_and", aimax.binary("ge", rowmax.binary("mul", _BK_ALPHA))
+        )
         two = no_swap.binary("logical_or", one_swap).binary("logical_or", zero).unary("logical_not")
         if k + 1 >= n:
             two = eng().full(0.0, batch + [1, 1], "bool")
@@ -737,7 +773,9 @@ def _ldl_factor(a: ET) -> tuple[ET, ET, ET]:
             upd2, col2a, col2b = upd1, col1, pending
         keep_t = second.binary("logical_or", zero)
         new_t = keep_t.where_(t, two.where_(upd2, upd1))
-        column = second.where_(pending, zero.where_(_keep(col, rows.binary("ge", k)), two.where_(col2a, col1)))
+        column = second.where_(
+            pending, zero.where_(_keep(col, rows.binary("ge", k)), two.where_(col2a, col1))
+        )
         out_cols.append(column)
         pending = col2b
         fails = zero.binary("logical_and", starts).binary("logical_and", info.binary("eq", 0))
@@ -754,7 +792,9 @@ def _ldl_factor(a: ET) -> tuple[ET, ET, ET]:
 
 
 @lower("linalg_ldl_factor_ex.default")
-def linalg_ldl_factor_ex(self: ET, *, hermitian: bool = False, check_errors: bool = False) -> tuple[ET, ET, ET]:
+def linalg_ldl_factor_ex(
+    self: ET, *, hermitian: bool = False, check_errors: bool = False
+) -> tuple[ET, ET, ET]:
     """sytrf (lower), as PyTorch calls it; for real matrices `hermitian`
     changes nothing."""
     if check_errors:
@@ -838,8 +878,12 @@ def _ldl_solve(ld: ET, piv: ET, b: ET) -> ET:
 def linalg_ldl_solve(LD: ET, pivots: ET, B: ET, *, hermitian: bool = False) -> ET:
     _check(LD, B)
     n = _order(LD)
-    if not isinstance(pivots, ET) or pivots.dtype != "i32" or list(pivots.shape) != list(LD.shape[:-1]) \
-            or B.shape[-2] != n:
+    if (
+        not isinstance(pivots, ET)
+        or pivots.dtype != "i32"
+        or list(pivots.shape) != list(LD.shape[:-1])
+        or B.shape[-2] != n
+    ):
         raise Unsupported("ldl_solve arguments PyTorch rejects")
     batch = broadcast_batch(list(LD.shape[:-2]), list(B.shape[:-2]))
     out_shape = batch + list(B.shape[-2:])

@@ -14,7 +14,6 @@ import math
 from .._engine import Tensor as ET
 from ._registry import Unsupported, axis, eng, lower
 
-
 ONE_HOT_LIMIT = 1 << 22
 
 
@@ -45,7 +44,12 @@ def _move_back(x: ET, dim: int) -> ET:
 
 @lower("index_select.default")
 def index_select(self: ET, dim: int, index: ET) -> ET:
-    if len(self.shape) == 0 or len(index.shape) > 1 or index.dtype not in ("i64", "i32") or math.prod(self.shape) == 0:
+    if (
+        len(self.shape) == 0
+        or len(index.shape) > 1
+        or index.dtype not in ("i64", "i32")
+        or math.prod(self.shape) == 0
+    ):
         raise Unsupported("index_select of a zero-dimensional or empty tensor")
     dim = axis(dim, len(self.shape))
     n, m = self.shape[dim], math.prod(index.shape)
@@ -55,12 +59,16 @@ def index_select(self: ET, dim: int, index: ET) -> ET:
     idx = idx.binary("lt", 0).where_(idx.binary("add", n), idx)
     x = _move_last(self, dim)  # [..., n]
     mask = _one_hot(idx, n)  # [m, n]
-    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce("sum", [-1], False)
+    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce(
+        "sum", [-1], False
+    )
     return _move_back(picked.cast(self.dtype), dim)
 
 
 @lower("embedding.default")
-def embedding(weight: ET, indices: ET, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> ET:
+def embedding(
+    weight: ET, indices: ET, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False
+) -> ET:
     if len(weight.shape) != 2:
         raise Unsupported("embedding with a table that is not a matrix")
     flat = index_select(weight, 0, indices.reshape([math.prod(indices.shape)]))
@@ -68,7 +76,9 @@ def embedding(weight: ET, indices: ET, padding_idx: int = -1, scale_grad_by_freq
 
 
 @lower("embedding_dense_backward.default")
-def embedding_dense_backward(grad_output: ET, indices: ET, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> ET:
+def embedding_dense_backward(
+    grad_output: ET, indices: ET, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+) -> ET:
     if scale_grad_by_freq:
         raise Unsupported("scale_grad_by_freq")
     t = math.prod(indices.shape)
@@ -99,7 +109,9 @@ def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     x = _move_last(x, dim)  # [..., n]
     idx = _move_last(index.cast("i64"), dim)  # [..., m]
     mask = _one_hot(idx, n)  # [..., m, n]
-    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce("sum", [-1], False)
+    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce(
+        "sum", [-1], False
+    )
     return _move_back(picked.cast(self.dtype), dim)
 
 
@@ -137,9 +149,17 @@ def _bag_members(indices: ET, offsets: ET | None, include_last_offset: bool) -> 
 
 
 @lower("_embedding_bag_forward_only.default")
-def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_by_freq: bool = False, mode: int = 0,
-                               sparse: bool = False, per_sample_weights: ET | None = None,
-                               include_last_offset: bool = False, padding_idx: int = -1) -> tuple[ET, ET, ET, ET]:
+def embedding_bag_forward_only(
+    weight: ET,
+    indices: ET,
+    offsets: ET,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: ET | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> tuple[ET, ET, ET, ET]:
     """Bags as masked reductions over [B, T, D]: sum (times the per-sample
     weights), mean over the non-padding tokens, or max; empty bags give 0.
     The other three outputs (only backward reads them) have PyTorch's shapes."""
@@ -148,8 +168,17 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
     if weight.dtype in ("bf16", "f16"):
         # Accumulate in float, round once.
         psw = per_sample_weights.cast("f32") if per_sample_weights is not None else None
-        out, *rest = embedding_bag_forward_only(weight.cast("f32"), indices, offsets, scale_grad_by_freq, mode, sparse, psw,
-                                                include_last_offset, padding_idx)
+        out, *rest = embedding_bag_forward_only(
+            weight.cast("f32"),
+            indices,
+            offsets,
+            scale_grad_by_freq,
+            mode,
+            sparse,
+            psw,
+            include_last_offset,
+            padding_idx,
+        )
         return (out.cast(weight.dtype), *rest)
     v, d = weight.shape
     t = math.prod(indices.shape)
@@ -173,7 +202,9 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
         out = count.binary("gt", 0).reshape([b, 1]).where_(picked, 0.0).cast(weight.dtype)
         # max_indices: the table row of the first maximum (what backward reads)
         hit = keep.binary("logical_and", rows.reshape([1, t, d]).binary("eq", picked.reshape([b, 1, d])))
-        first = hit.where_(eng().arange(0, t, 1, "i64").reshape([1, t, 1]), t).reduce("min", [1], False)  # [B, D]
+        first = hit.where_(eng().arange(0, t, 1, "i64").reshape([1, t, 1]), t).reduce(
+            "min", [1], False
+        )  # [B, D]
         chosen = _one_hot(first, t).where_(flat.reshape([1, 1, t]), 0).reduce("sum", [-1], False)
         max_indices = count.binary("gt", 0).reshape([b, 1]).where_(chosen, 0).cast("i64")
     else:
@@ -191,7 +222,11 @@ def embedding_bag_forward_only(weight: ET, indices: ET, offsets: ET, scale_grad_
     if mode == 0 and per_sample_weights is None:
         offset2bag = eng().full(0.0, [0], "i64")
     else:  # the bag of each token
-        offset2bag = member.cast("i64").binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1])).reduce("sum", [0], False)
+        offset2bag = (
+            member.cast("i64")
+            .binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1]))
+            .reduce("sum", [0], False)
+        )
     bag_size = count if mode != 0 else eng().full(0.0, [b], "i64")
     return out, offset2bag, bag_size, max_indices
 
@@ -207,7 +242,9 @@ def embedding_renorm(self: ET, indices: ET, max_norm: float, norm_type: float) -
     if t == 0:
         return self
     _check_size(t, v)
-    named = _one_hot(indices.reshape([t]).cast("i64"), v).cast("i32").reduce("max", [0], False).binary("gt", 0)  # [V]
+    named = (
+        _one_hot(indices.reshape([t]).cast("i64"), v).cast("i32").reduce("max", [0], False).binary("gt", 0)
+    )  # [V]
     x = self.cast("f32")
     from .reductions import vector_norm  # (reductions imports this module)
 

@@ -70,7 +70,10 @@ def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any)
         raise Unsupported("im2col of a tensor that is not 3-D or 4-D")
     batched = self if len(self.shape) == 4 else self.reshape([1] + list(self.shape))
     k, d, p, s = (_pool_param(v, 2, 1) for v in (kernel_size, dilation, padding, stride))
-    out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(batched.shape[2:], k, s, p, d)]
+    out = [
+        (size + 2 * pp - dd * (kk - 1) - 1) // ss + 1
+        for size, kk, ss, pp, dd in zip(batched.shape[2:], k, s, p, d)
+    ]
     if min(k + d + s) <= 0 or min(p) < 0 or min(out) <= 0:
         raise Unsupported("im2col arguments PyTorch rejects")  # for PyTorch's own error
     n, c = batched.shape[0], batched.shape[1]
@@ -81,13 +84,28 @@ def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any)
     return cols if len(self.shape) == 4 else cols.reshape(list(cols.shape[1:]))
 
 
-def convolution(input: ET, weight: ET, bias: ET | None, stride: Any, padding: Any, dilation: Any,
-                transposed: bool, output_padding: Any, groups: int) -> ET:
+def convolution(
+    input: ET,
+    weight: ET,
+    bias: ET | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+) -> ET:
     """A convolution as the kernel's strided slices of the padded input
     (im2col) and one batched matmul with the weight, per group."""
     n = len(weight.shape) - 2
-    if transposed or len(input.shape) != n + 2 or not is_float(input) or input.dtype != weight.dtype \
-            or math.prod(input.shape) == 0 or math.prod(weight.shape) == 0:
+    if (
+        transposed
+        or len(input.shape) != n + 2
+        or not is_float(input)
+        or input.dtype != weight.dtype
+        or math.prod(input.shape) == 0
+        or math.prod(weight.shape) == 0
+    ):
         raise Unsupported("transposed, unbatched, integer or empty convolution")
     s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
     k = list(weight.shape[2:])

@@ -45,7 +45,9 @@ def _norm_axes(x: ET, normalized_shape: Any) -> list[int]:
 
 
 @lower("native_layer_norm.default")
-def native_layer_norm(input: ET, normalized_shape: Any, weight: ET | None, bias: ET | None, eps: float) -> tuple[ET, ET, ET]:
+def native_layer_norm(
+    input: ET, normalized_shape: Any, weight: ET | None, bias: ET | None, eps: float
+) -> tuple[ET, ET, ET]:
     if not is_float(input) or math.prod(input.shape) == 0:
         raise Unsupported("layer_norm of a non-float or empty tensor")
     axes = _norm_axes(input, normalized_shape)
@@ -63,7 +65,14 @@ def native_layer_norm(input: ET, normalized_shape: Any, weight: ET | None, bias:
 
 @lower("native_layer_norm_backward.default")
 def native_layer_norm_backward(
-    grad_out: ET, input: ET, normalized_shape: Any, mean: ET, rstd: ET, weight: ET | None, bias: ET | None, output_mask: Any
+    grad_out: ET,
+    input: ET,
+    normalized_shape: Any,
+    mean: ET,
+    rstd: ET,
+    weight: ET | None,
+    bias: ET | None,
+    output_mask: Any,
 ) -> tuple[Any, Any, Any]:
     axes = _norm_axes(input, normalized_shape)
     batch = list(range(len(input.shape) - len(axes)))
@@ -74,8 +83,17 @@ def native_layer_norm_backward(
     if output_mask[0]:
         a = gw.reduce("mean", axes, True)
         b = gw.binary("mul", xhat).reduce("mean", axes, True)
-        dx = gw.binary("sub", a).binary("sub", xhat.binary("mul", b)).binary("mul", rstd.cast("f32")).cast(input.dtype)
-    dw = g.binary("mul", xhat).reduce("sum", batch, False).cast(weight.dtype) if output_mask[1] and weight is not None else None
+        dx = (
+            gw.binary("sub", a)
+            .binary("sub", xhat.binary("mul", b))
+            .binary("mul", rstd.cast("f32"))
+            .cast(input.dtype)
+        )
+    dw = (
+        g.binary("mul", xhat).reduce("sum", batch, False).cast(weight.dtype)
+        if output_mask[1] and weight is not None
+        else None
+    )
     db = g.reduce("sum", batch, False).cast(bias.dtype) if output_mask[2] and bias is not None else None
     return dx, dw, db
 
@@ -87,7 +105,9 @@ def _pool_param(value: Any, n: int, default: Any) -> list[int]:
     return values * n if len(values) == 1 else values
 
 
-def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool) -> tuple[ET, ET]:
+def _max_pool(
+    self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool
+) -> tuple[ET, ET]:
     """Max pooling as the maximum over the k^n strided slices of a padded
     input, with PyTorch's index (first maximum wins, NaN wins) into each
     input plane."""
@@ -136,7 +156,7 @@ def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dil
     for offset in _offsets(k):
         window, window_valid = x, valid
         index = None
-        for axis, (o, kk, ss, pp, dd, off) in enumerate(zip(out_sizes, k, s, p, d, offset)):
+        for axis, (o, ss, pp, dd, off) in enumerate(zip(out_sizes, s, p, d, offset)):
             dim = rank - n + axis
             start = off * dd
             window = window.slice(dim, start, start + (o - 1) * ss + 1, ss)
@@ -151,7 +171,9 @@ def _max_pool(self: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dil
             continue
         # PyTorch keeps the first maximum, and a NaN wins.
         better = window.binary("gt", best).binary("logical_or", window.binary("ne", window))
-        take = window_valid.binary("logical_and", better.binary("logical_or", best_valid.unary("logical_not")))
+        take = window_valid.binary(
+            "logical_and", better.binary("logical_or", best_valid.unary("logical_not"))
+        )
         best = take.where_(window, best)
         best_index = take.where_(index, best_index)
         best_valid = best_valid.binary("logical_or", window_valid)
@@ -165,11 +187,13 @@ def _offsets(k: list[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def _scatter_to_planes(values: ET, indices: ET, planes: list[int], plane_shape: list[int], accumulate: bool) -> ET:
+def _scatter_to_planes(
+    values: ET, indices: ET, planes: list[int], plane_shape: list[int], accumulate: bool
+) -> ET:
     """out[plane, p] = the values[plane, o] whose indices[plane, o] == p,
     summed (max pooling's gradient) or assigned (max_unpool: repeated indices
     come from overlapping windows and carry the same value), as a masked sum."""
-    o = math.prod(values.shape[len(planes):])
+    o = math.prod(values.shape[len(planes) :])
     size = math.prod(plane_shape)
     _check_size(math.prod(planes) * o, size)
     v = values.reshape(planes + [o, 1])
@@ -191,12 +215,30 @@ def _max_pool_backward(grad_output: ET, self: ET, indices: ET, n: int) -> ET:
 
 
 @lower("max_pool2d_with_indices_backward.default")
-def max_pool2d_backward(grad_output: ET, self: ET, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, indices: ET) -> ET:
+def max_pool2d_backward(
+    grad_output: ET,
+    self: ET,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool,
+    indices: ET,
+) -> ET:
     return _max_pool_backward(grad_output, self, indices, 2)
 
 
 @lower("max_pool3d_with_indices_backward.default")
-def max_pool3d_backward(grad_output: ET, self: ET, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, indices: ET) -> ET:
+def max_pool3d_backward(
+    grad_output: ET,
+    self: ET,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool,
+    indices: ET,
+) -> ET:
     return _max_pool_backward(grad_output, self, indices, 3)
 
 
@@ -217,12 +259,16 @@ def max_unpool3d(self: ET, indices: ET, output_size: Any, stride: Any, padding: 
 
 
 @lower("max_pool2d_with_indices.default")
-def max_pool2d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
+def max_pool2d_with_indices(
+    self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False
+) -> tuple[ET, ET]:
     return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @lower("max_pool3d_with_indices.default")
-def max_pool3d_with_indices(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[ET, ET]:
+def max_pool3d_with_indices(
+    self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False
+) -> tuple[ET, ET]:
     return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
 
@@ -242,10 +288,14 @@ def _nll_parts(self: ET, target: ET, weight: ET | None, ignore_index: int) -> tu
 
 
 @lower("nll_loss_forward.default")
-def nll_loss_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+def nll_loss_forward(
+    self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int
+) -> tuple[ET, ET]:
     if len(self.shape) == 1 and len(target.shape) == 0:
         # One sample of C scores: the [1, C] loss, its row dropped for 'none'.
-        out, total = nll_loss_forward(self.reshape([1, self.shape[0]]), target.reshape([1]), weight, reduction, ignore_index)
+        out, total = nll_loss_forward(
+            self.reshape([1, self.shape[0]]), target.reshape([1]), weight, reduction, ignore_index
+        )
         return (out.reshape([]) if reduction == 0 else out), total
     if self.dtype in ("bf16", "f16"):
         # PyTorch accumulates half-precision losses in float.
@@ -263,7 +313,15 @@ def nll_loss_forward(self: ET, target: ET, weight: ET | None, reduction: int, ig
 
 
 @lower("nll_loss_backward.default")
-def nll_loss_backward(grad_output: ET, self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int, total_weight: ET) -> ET:
+def nll_loss_backward(
+    grad_output: ET,
+    self: ET,
+    target: ET,
+    weight: ET | None,
+    reduction: int,
+    ignore_index: int,
+    total_weight: ET,
+) -> ET:
     mask, sample_weight, zero = _nll_parts(self, target, weight, ignore_index)
     n, c = self.shape
     g = grad_output.reshape([n, 1]) if reduction == 0 else grad_output.reshape([1, 1])
@@ -284,17 +342,29 @@ def _nll_flat(self: ET, target: ET) -> tuple[ET, ET, list[int]]:
 
 
 @lower("nll_loss2d_forward.default")
-def nll_loss2d_forward(self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int) -> tuple[ET, ET]:
+def nll_loss2d_forward(
+    self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int
+) -> tuple[ET, ET]:
     scores, flat_target, shape = _nll_flat(self, target)
     out, total = nll_loss_forward(scores, flat_target, weight, reduction, ignore_index)
     return (out.reshape(shape) if reduction == 0 else out), total
 
 
 @lower("nll_loss2d_backward.default")
-def nll_loss2d_backward(grad_output: ET, self: ET, target: ET, weight: ET | None, reduction: int, ignore_index: int, total_weight: ET) -> ET:
+def nll_loss2d_backward(
+    grad_output: ET,
+    self: ET,
+    target: ET,
+    weight: ET | None,
+    reduction: int,
+    ignore_index: int,
+    total_weight: ET,
+) -> ET:
     scores, flat_target, shape = _nll_flat(self, target)
     g = grad_output.reshape([math.prod(shape)]) if reduction == 0 else grad_output
-    grad = nll_loss_backward(g, scores, flat_target, weight, reduction, ignore_index, total_weight)  # [rows, C]
+    grad = nll_loss_backward(
+        g, scores, flat_target, weight, reduction, ignore_index, total_weight
+    )  # [rows, C]
     spatial = list(self.shape[2:])
     c = self.shape[1]
     back = [0, len(spatial) + 1] + list(range(1, len(spatial) + 1))

@@ -108,14 +108,20 @@ def _adaptive_max(x: ET, output_size: Any, n: int) -> tuple[ET, ET]:
     mask = None
     for size, o in zip(spatial, outs):
         m = _axis_mask(_adaptive_windows(size, o), size)
-        mask = m if mask is None else (mask[:, None, :, None] & m[None, :, None, :]).reshape(mask.shape[0] * o, -1)
+        mask = (
+            m
+            if mask is None
+            else (mask[:, None, :, None] & m[None, :, None, :]).reshape(mask.shape[0] * o, -1)
+        )
     window = const(mask)  # [cells, plane]
     values = x.reshape(planes + [1, plane])
     # Masked-out terms take the window's first element (no infinity of our
     # own: Debug checks every op); a NaN in the window still wins.
     first = torch.zeros_like(mask)
     first[torch.arange(cells), mask.to(torch.int8).argmax(dim=1)] = True
-    start = const(first).where_(values, eng().full(0.0, [], x.dtype)).reduce("sum", [-1], True)  # [*planes, cells, 1]
+    start = (
+        const(first).where_(values, eng().full(0.0, [], x.dtype)).reduce("sum", [-1], True)
+    )  # [*planes, cells, 1]
     best = window.where_(values, start).reduce("max", [-1], False)
     where_at = const(torch.arange(plane, dtype=torch.int64))
     is_nan = values.binary("ne", values)
@@ -136,7 +142,9 @@ def adaptive_max_pool3d(self: ET, output_size: Any) -> tuple[ET, ET]:
     return _adaptive_max(self, output_size, 3)
 
 
-def _avg_windows(size: int, k: int, s: int, p: int, ceil_mode: bool, count_include_pad: bool) -> tuple[list[tuple[int, int]], list[float]]:
+def _avg_windows(
+    size: int, k: int, s: int, p: int, ceil_mode: bool, count_include_pad: bool
+) -> tuple[list[tuple[int, int]], list[float]]:
     """PyTorch's avg_pool output size, each window clipped to the input, and
     its divisor (the window clipped to the padded input, or the input)."""
     if p > k // 2 or k <= 0 or s <= 0:
@@ -157,8 +165,16 @@ def _avg_windows(size: int, k: int, s: int, p: int, ceil_mode: bool, count_inclu
     return windows, divisors
 
 
-def _avg_pool(x: ET, n: int, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
-              count_include_pad: bool, divisor_override: int | None) -> ET:
+def _avg_pool(
+    x: ET,
+    n: int,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> ET:
     _check_input(x, n)
     k = _pool_param(kernel_size, n, None)
     s = _pool_param(stride, n, k)
@@ -177,14 +193,28 @@ def _avg_pool(x: ET, n: int, kernel_size: Any, stride: Any, padding: Any, ceil_m
 
 
 @lower("avg_pool2d.default")
-def avg_pool2d(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True, divisor_override: int | None = None) -> ET:
+def avg_pool2d(
+    self: ET,
+    kernel_size: Any,
+    stride: Any = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> ET:
     return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @lower("avg_pool3d.default")
-def avg_pool3d(self: ET, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True, divisor_override: int | None = None) -> ET:
+def avg_pool3d(
+    self: ET,
+    kernel_size: Any,
+    stride: Any = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> ET:
     return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
@@ -280,14 +310,25 @@ def upsample_linear1d(self: ET, output_size: Any, align_corners: bool, scales: f
 
 
 @lower("upsample_bilinear2d.default")
-def upsample_bilinear2d(self: ET, output_size: Any, align_corners: bool, scales_h: float | None = None,
-                        scales_w: float | None = None) -> ET:
+def upsample_bilinear2d(
+    self: ET,
+    output_size: Any,
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
     return _interpolate(self, 2, output_size, align_corners, [scales_h, scales_w], cubic=False)
 
 
 @lower("upsample_trilinear3d.default")
-def upsample_trilinear3d(self: ET, output_size: Any, align_corners: bool, scales_d: float | None = None,
-                         scales_h: float | None = None, scales_w: float | None = None) -> ET:
+def upsample_trilinear3d(
+    self: ET,
+    output_size: Any,
+    align_corners: bool,
+    scales_d: float | None = None,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
     _no_half_trilinear(self)
     return _interpolate(self, 3, output_size, align_corners, [scales_d, scales_h, scales_w], cubic=False)
 
@@ -300,8 +341,13 @@ def _no_half_trilinear(x: ET) -> None:
 
 
 @lower("upsample_bicubic2d.default")
-def upsample_bicubic2d(self: ET, output_size: Any, align_corners: bool, scales_h: float | None = None,
-                       scales_w: float | None = None) -> ET:
+def upsample_bicubic2d(
+    self: ET,
+    output_size: Any,
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
     return _interpolate(self, 2, output_size, align_corners, [scales_h, scales_w], cubic=True)
 
 
@@ -315,8 +361,12 @@ def _vec(n: int, cubic: bool) -> Any:
     return run
 
 
-for _name, _n, _cubic in (("upsample_linear1d", 1, False), ("upsample_bilinear2d", 2, False),
-                          ("upsample_trilinear3d", 3, False), ("upsample_bicubic2d", 2, True)):
+for _name, _n, _cubic in (
+    ("upsample_linear1d", 1, False),
+    ("upsample_bilinear2d", 2, False),
+    ("upsample_trilinear3d", 3, False),
+    ("upsample_bicubic2d", 2, True),
+):
     lower(f"{_name}.vec")(_vec(_n, _cubic))
 
 
@@ -357,17 +407,30 @@ def _gather_plane(planes: ET, flat: ET, q: int) -> ET:
     n, c = planes.shape[0], planes.shape[1]
     p = flat.shape[1]
     mask = flat.reshape([n, 1, p, 1]).binary("eq", eng().arange(0, q, 1, "f32"))  # [N, 1, P, Q]
-    return mask.where_(planes.reshape([n, c, 1, q]), eng().full(0.0, [], planes.dtype)).reduce("sum", [-1], False)
+    return mask.where_(planes.reshape([n, c, 1, q]), eng().full(0.0, [], planes.dtype)).reduce(
+        "sum", [-1], False
+    )
 
 
-def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool, n_dims: int) -> ET:
+def _grid_sample(
+    x: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool, n_dims: int
+) -> ET:
     """Bilinear (trilinear) or nearest sampling: each corner read with a
     one-hot masked sum over the input plane, weighted and summed in
     PyTorch's corner order; out-of-bounds corners add nothing (zeros
     padding; border and reflection clip first)."""
-    if interpolation_mode not in (0, 1, 2) or padding_mode not in (0, 1, 2) or (interpolation_mode == 2 and n_dims != 2):
+    if (
+        interpolation_mode not in (0, 1, 2)
+        or padding_mode not in (0, 1, 2)
+        or (interpolation_mode == 2 and n_dims != 2)
+    ):
         raise Unsupported("grid_sample mode")
-    if not is_float(x) or len(x.shape) != n_dims + 2 or len(grid.shape) != n_dims + 2 or grid.shape[-1] != n_dims:
+    if (
+        not is_float(x)
+        or len(x.shape) != n_dims + 2
+        or len(grid.shape) != n_dims + 2
+        or grid.shape[-1] != n_dims
+    ):
         raise Unsupported("grid_sample shapes")
     if 0 in x.shape or 0 in grid.shape:
         raise Unsupported("empty grid_sample")
@@ -386,15 +449,21 @@ def _grid_sample(x: ET, grid: ET, interpolation_mode: int, padding_mode: int, al
         # Up to four times the limit: the output rows in two halves, each a
         # masked sum of its own (the same arithmetic per output point).
         half = rows // 2
-        parts = [_grid_sample(x, grid.slice(1, a, b, 1), interpolation_mode, padding_mode, align_corners, n_dims)
-                 for a, b in ((0, half), (half, rows))]
+        parts = [
+            _grid_sample(x, grid.slice(1, a, b, 1), interpolation_mode, padding_mode, align_corners, n_dims)
+            for a, b in ((0, half), (half, rows))
+        ]
         return eng().cat(parts, 2)
     planes = x.reshape([n, c, q])
     g = grid.reshape([n, p, n_dims])
     # grid's last axis is (x, y[, z]): x indexes the last input axis.
     raw = [g.slice(2, k, k + 1, 1).reshape([n, p]) for k in range(n_dims)]
     if interpolation_mode == 2:
-        return _grid_bicubic(planes, raw, sizes, padding_mode, align_corners).reshape([n, c] + out_spatial).cast(x.dtype)
+        return (
+            _grid_bicubic(planes, raw, sizes, padding_mode, align_corners)
+            .reshape([n, c] + out_spatial)
+            .cast(x.dtype)
+        )
     coords = [_source_coord(v, sizes[n_dims - 1 - k], padding_mode, align_corners) for k, v in enumerate(raw)]
     coords = coords[::-1]  # now in input axis order (z, y, x)
     if interpolation_mode == 1:
@@ -431,10 +500,19 @@ def _cubic_coefficients(t: ET) -> list[ET]:
     a = -0.75
 
     def near(x: ET) -> ET:  # |x| <= 1
-        return x.binary("mul", a + 2).binary("sub", a + 3).binary("mul", x).binary("mul", x).binary("add", 1.0)
+        return (
+            x.binary("mul", a + 2).binary("sub", a + 3).binary("mul", x).binary("mul", x).binary("add", 1.0)
+        )
 
     def far(x: ET) -> ET:  # 1 < |x| < 2
-        return x.binary("mul", a).binary("sub", 5 * a).binary("mul", x).binary("add", 8 * a).binary("mul", x).binary("sub", 4 * a)
+        return (
+            x.binary("mul", a)
+            .binary("sub", 5 * a)
+            .binary("mul", x)
+            .binary("add", 8 * a)
+            .binary("mul", x)
+            .binary("sub", 4 * a)
+        )
 
     one_minus = t.unary("neg").binary("add", 1.0)
     return [far(t.binary("add", 1.0)), near(t), near(one_minus), far(one_minus.binary("add", 1.0))]
@@ -485,10 +563,14 @@ def _round_half_even(v: ET) -> ET:
 
 
 @lower("grid_sampler_2d.default")
-def grid_sampler_2d(input: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool) -> ET:
+def grid_sampler_2d(
+    input: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> ET:
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners, 2)
 
 
 @lower("grid_sampler_3d.default")
-def grid_sampler_3d(input: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool) -> ET:
+def grid_sampler_3d(
+    input: ET, grid: ET, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> ET:
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners, 3)

@@ -168,10 +168,14 @@ def _var(self: ET, dim: Any, correction: Any, keepdim: bool) -> ET:
     return centered.binary("mul", centered).reduce("sum", axes, keepdim).binary("div", float(n - c))
 
 
-LOWERINGS["var.correction"] = lambda self, dim=None, *, correction=None, keepdim=False: _var(self, dim, correction, keepdim)
+LOWERINGS["var.correction"] = lambda self, dim=None, *, correction=None, keepdim=False: _var(
+    self, dim, correction, keepdim
+)
 
 
-LOWERINGS["std.correction"] = lambda self, dim=None, *, correction=None, keepdim=False: _var(self, dim, correction, keepdim).unary("sqrt")
+LOWERINGS["std.correction"] = lambda self, dim=None, *, correction=None, keepdim=False: _var(
+    self, dim, correction, keepdim
+).unary("sqrt")
 
 
 @lower("logsumexp.default")
@@ -181,8 +185,11 @@ def logsumexp(self: ET, dim: Any, keepdim: bool = False) -> ET:
         return logsumexp(x.reshape([1]), [0], False)
     axes = [a % len(x.shape) for a in dims(x, dim)]
     if any(x.shape[a] == 0 for a in axes):  # the log of an empty sum
-        shape = [1 if a in axes else n for a, n in enumerate(x.shape)] if keepdim else \
-            [n for a, n in enumerate(x.shape) if a not in axes]
+        shape = (
+            [1 if a in axes else n for a, n in enumerate(x.shape)]
+            if keepdim
+            else [n for a, n in enumerate(x.shape) if a not in axes]
+        )
         return eng().full(float("-inf"), shape, x.dtype)
     m = x.reduce("max", axes, True)
     # An infinite maximum would make x - m NaN; shift by 0 there instead.
@@ -230,7 +237,9 @@ def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
     n = x.shape[dim]
     _check_size(math.prod(x.shape), n)
     # out[..., i] = sum over j <= i of x[..., j]
-    lower_tri = eng().arange(0, n, 1, "i64").reshape([n, 1]).binary("ge", eng().arange(0, n, 1, "i64"))  # [i, j]
+    lower_tri = (
+        eng().arange(0, n, 1, "i64").reshape([n, 1]).binary("ge", eng().arange(0, n, 1, "i64"))
+    )  # [i, j]
     moved = _move_last(x, dim)
     terms = lower_tri.where_(moved.reshape(list(moved.shape[:-1]) + [1, n]), eng().full(0.0, [], x.dtype))
     return _move_back(terms.reduce("sum", [-1], False), dim)

@@ -22,7 +22,6 @@ from .._engine import Tensor as ET
 from ._registry import Unsupported, axis, broadcast_batch, eng, is_float, lower, need_tensor
 from .lookups import _check_size, _move_back, _move_last, _one_hot, index_select
 
-
 _SERIAL_LIMIT = 32768  # at::internal::GRAIN_SIZE: below it PyTorch's index kernels run in one thread
 
 
@@ -42,7 +41,9 @@ def masked_extreme(mask: ET, values: ET, kind: str) -> ET:
     order = eng().arange(0, m, 1, "i64").reshape([m, 1])
     last = mask.where_(order, -1).reduce("max", [-2], True)
     chosen = mask.binary("logical_and", order.binary("eq", last))
-    some = chosen.where_(values, eng().full(0.0, [], values.dtype)).reduce("sum", [-2], True).cast(values.dtype)
+    some = (
+        chosen.where_(values, eng().full(0.0, [], values.dtype)).reduce("sum", [-2], True).cast(values.dtype)
+    )
     return mask.where_(values, some).reduce(kind, [-2], False)
 
 
@@ -63,7 +64,9 @@ def _combine(base: ET, mask: ET, values: Any, mode: str, include_self: bool) -> 
         return hit.where_(vals, base).cast(base.dtype)
     if mode in ("amax", "amin"):
         full = vals if isinstance(vals, ET) else eng().full(float(vals), [], base.dtype)
-        reduced = masked_extreme(mask, full.expand(list(mask.shape[:-1]) + [1]) if isinstance(vals, ET) else full, mode[1:]).cast(base.dtype)
+        reduced = masked_extreme(
+            mask, full.expand(list(mask.shape[:-1]) + [1]) if isinstance(vals, ET) else full, mode[1:]
+        ).cast(base.dtype)
         if not include_self:
             return hit.where_(reduced, base)
         return hit.where_(base.binary("maximum" if mode == "amax" else "minimum", reduced), base)
@@ -92,8 +95,14 @@ def _scatter(self: ET, dim: int, index: ET, src: Any, mode: str, include_self: b
     if mode == "mean" and not is_float(self):
         raise Unsupported("integer scatter mean (PyTorch floors)")
     if len(self.shape) == 0:
-        out = _scatter(self.reshape([1]), 0, index.reshape([1]) if len(index.shape) == 0 else index,
-                       src.reshape([1]) if isinstance(src, ET) and len(src.shape) == 0 else src, mode, include_self)
+        out = _scatter(
+            self.reshape([1]),
+            0,
+            index.reshape([1]) if len(index.shape) == 0 else index,
+            src.reshape([1]) if isinstance(src, ET) and len(src.shape) == 0 else src,
+            mode,
+            include_self,
+        )
         return out.reshape([])
     rank = len(self.shape)
     if len(index.shape) != rank or (isinstance(src, ET) and len(src.shape) != rank):
@@ -126,7 +135,9 @@ def _scatter(self: ET, dim: int, index: ET, src: Any, mode: str, include_self: b
 
 
 def _scalar(value: Any, dtype: str) -> Any:
-    if isinstance(value, complex) or (dtype != "bool" and not is_float_dtype(dtype) and isinstance(value, float)):
+    if isinstance(value, complex) or (
+        dtype != "bool" and not is_float_dtype(dtype) and isinstance(value, float)
+    ):
         raise Unsupported("a fractional value into an integer tensor")
     return float(value) if is_float_dtype(dtype) else value
 
@@ -150,7 +161,15 @@ def _stitch(region: ET, self: ET, dim: int) -> ET:
     return out
 
 
-REDUCE_NAMES = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod", "mean": "mean", "amax": "amax", "amin": "amin"}
+REDUCE_NAMES = {
+    "add": "sum",
+    "multiply": "prod",
+    "sum": "sum",
+    "prod": "prod",
+    "mean": "mean",
+    "amax": "amax",
+    "amin": "amin",
+}
 
 
 @lower("scatter.src", "scatter.value")
@@ -256,7 +275,9 @@ def put(self: ET, index: ET, source: ET, accumulate: bool = False) -> ET:
         raise Unsupported("put into an empty tensor")
     if not accumulate and m > _SERIAL_LIMIT:
         raise Unsupported("put large enough for PyTorch to run in threads")
-    flat = _scatter(self.reshape([total]), 0, index.reshape([m]), source.reshape([m]), "sum" if accumulate else "replace")
+    flat = _scatter(
+        self.reshape([total]), 0, index.reshape([m]), source.reshape([m]), "sum" if accumulate else "replace"
+    )
     return flat.reshape(list(self.shape))
 
 
@@ -345,7 +366,9 @@ def index_put(self: ET, indices: list[Any], values: Any, accumulate: bool = Fals
         values = values.cast(self.dtype)
     if len(indices) == 1 and isinstance(indices[0], ET) and indices[0].dtype == "bool" and not accumulate:
         mask = indices[0]
-        if (isinstance(values, ET) and math.prod(values.shape) != 1) or list(mask.shape) != list(self.shape[: len(mask.shape)]):
+        if (isinstance(values, ET) and math.prod(values.shape) != 1) or list(mask.shape) != list(
+            self.shape[: len(mask.shape)]
+        ):
             raise Unsupported("bool-mask index_put with several values")
         v = values.reshape([]) if isinstance(values, ET) else values
         mask = mask.reshape(list(mask.shape) + [1] * (len(self.shape) - len(mask.shape)))
@@ -363,7 +386,11 @@ def index_put(self: ET, indices: list[Any], values: Any, accumulate: bool = Fals
     after = [a for a in rest if a not in before]
     # The shape of self[indices], which values broadcast to.
     result_shape = [self.shape[a] for a in before] + shape + [self.shape[a] for a in after]
-    v = values if isinstance(values, ET) else eng().full(float(values) if is_float(self) else values, [], self.dtype)
+    v = (
+        values
+        if isinstance(values, ET)
+        else eng().full(float(values) if is_float(self) else values, [], self.dtype)
+    )
     if len(v.shape) > len(result_shape):
         raise Unsupported("values of a higher rank")
     v = v.expand(result_shape)

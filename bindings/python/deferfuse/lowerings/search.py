@@ -16,7 +16,9 @@ def _pick_last(table: ET, position: ET, n: int) -> ET:
     """`table[..., position[..., j]]` for positions in [0, n] (n picks 0): a
     masked sum over the last axis of `table` ([..., n], or [n] for every
     position). `position` is f32 holding whole numbers."""
-    mask = position.reshape(list(position.shape) + [1]).binary("eq", eng().arange(0, n, 1, "f32"))  # [..., m, n]
+    mask = position.reshape(list(position.shape) + [1]).binary(
+        "eq", eng().arange(0, n, 1, "f32")
+    )  # [..., m, n]
     rows = table.reshape(list(table.shape[:-1]) + [1, n]) if len(table.shape) > 1 else table
     return mask.where_(rows, eng().full(0.0, [], table.dtype)).reduce("sum", [-1], False)
 
@@ -48,7 +50,9 @@ def _search(seq: ET, values: ET, right: bool, sorter: ET | None) -> ET:
     return lo
 
 
-def _searchsorted(seq: ET, values: Any, out_int32: bool, right: bool, side: str | None, sorter: ET | None) -> ET:
+def _searchsorted(
+    seq: ET, values: Any, out_int32: bool, right: bool, side: str | None, sorter: ET | None
+) -> ET:
     if not isinstance(seq, ET) or len(seq.shape) == 0:
         raise Unsupported("searchsorted of a zero-dimensional sequence")
     if side is not None:
@@ -61,7 +65,9 @@ def _searchsorted(seq: ET, values: Any, out_int32: bool, right: bool, side: str 
         values = eng().full(float(values), [], "f32" if isinstance(values, float) or is_float(seq) else "i64")
     if seq.dtype == "bool" or values.dtype == "bool":
         raise Unsupported("bool searchsorted")
-    if len(seq.shape) > 1 and (len(values.shape) != len(seq.shape) or list(values.shape[:-1]) != list(seq.shape[:-1])):
+    if len(seq.shape) > 1 and (
+        len(values.shape) != len(seq.shape) or list(values.shape[:-1]) != list(seq.shape[:-1])
+    ):
         raise Unsupported("mismatched leading dimensions")
     if sorter is not None and (list(sorter.shape) != list(seq.shape) or sorter.dtype != "i64"):
         raise Unsupported("sorter of another shape or dtype")
@@ -70,8 +76,15 @@ def _searchsorted(seq: ET, values: Any, out_int32: bool, right: bool, side: str 
 
 
 @lower("searchsorted.Tensor", "searchsorted.Scalar")
-def searchsorted(sorted_sequence: ET, self: Any, *, out_int32: bool = False, right: bool = False,
-                 side: str | None = None, sorter: ET | None = None) -> ET:
+def searchsorted(
+    sorted_sequence: ET,
+    self: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: ET | None = None,
+) -> ET:
     return _searchsorted(sorted_sequence, self, out_int32, right, side, sorter)
 
 

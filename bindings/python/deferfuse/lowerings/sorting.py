@@ -127,8 +127,10 @@ def _refuse_equal_keys(x: ET) -> None:
     lead = list(x.shape[:-1])
     equal = _same(x.reshape(lead + [n, 1]), x.reshape(lead + [1, n]))
     pos = eng().arange(0, n, 1, "i64")
-    _refuse_if(equal.binary("logical_and", pos.reshape([n, 1]).binary("ne", pos)),
-               "an unstable sort of a long row with equal keys")
+    _refuse_if(
+        equal.binary("logical_and", pos.reshape([n, 1]).binary("ne", pos)),
+        "an unstable sort of a long row with equal keys",
+    )
 
 
 def _sort(x: ET, dim: int, descending: bool, stable: bool) -> tuple[ET, ET]:
@@ -155,7 +157,9 @@ def sort(self: ET, dim: int = -1, descending: bool = False) -> tuple[ET, ET]:
 
 
 @lower("sort.stable")
-def sort_stable(self: ET, *, stable: bool | None = None, dim: int = -1, descending: bool = False) -> tuple[ET, ET]:
+def sort_stable(
+    self: ET, *, stable: bool | None = None, dim: int = -1, descending: bool = False
+) -> tuple[ET, ET]:
     return _sort(self, dim, descending, bool(stable))
 
 
@@ -177,7 +181,9 @@ def _coordinates(shape: list[int]) -> ET:
     for d, size in enumerate(shape):
         view = [1] * len(shape)
         view[d] = size
-        cols.append(eng().arange(0, size, 1, "i64").reshape(view).expand(shape).reshape([math.prod(shape), 1]))
+        cols.append(
+            eng().arange(0, size, 1, "i64").reshape(view).expand(shape).reshape([math.prod(shape), 1])
+        )
     return eng().cat(cols, 1)
 
 
@@ -265,7 +271,9 @@ def _scalar_less(rows: ET) -> ET:
     """[n, n]: element j sorts before element i, NaN last and NaNs by position
     (PyTorch's sorted unique keeps each NaN, in input order, after the numbers)."""
     values = rows.reshape([rows.shape[0]])
-    return _before(values, False).binary("logical_and", _pairs(rows, "eq").reshape([rows.shape[0]] * 2).unary("logical_not"))
+    return _before(values, False).binary(
+        "logical_and", _pairs(rows, "eq").reshape([rows.shape[0]] * 2).unary("logical_not")
+    )
 
 
 def _groups(rows: ET, equal: ET, less: ET) -> tuple[ET, ET]:
@@ -314,8 +322,9 @@ def _empty_i64(shape: list[int]) -> ET:
 
 
 @lower("_unique2.default")
-def unique2(self: ET, sorted: bool = True, return_inverse: bool = False,
-            return_counts: bool = False) -> tuple[ET, ET, ET]:
+def unique2(
+    self: ET, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False
+) -> tuple[ET, ET, ET]:
     """torch.unique without dim. PyTorch's CPU kernel returns sorted values
     for sorted=False too, so both are the sorted result. Reads the number of
     unique values back to the host."""
@@ -335,8 +344,9 @@ def unique2(self: ET, sorted: bool = True, return_inverse: bool = False,
 
 
 @lower("unique_dim.default")
-def unique_dim(self: ET, dim: int, sorted: bool = True, return_inverse: bool = False,
-               return_counts: bool = False) -> tuple[ET, ET, ET]:
+def unique_dim(
+    self: ET, dim: int, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False
+) -> tuple[ET, ET, ET]:
     """Unique slices along `dim`, in lexicographic order (PyTorch always sorts
     them and always returns inverse and counts). Reads the number of unique
     slices back to the host."""
@@ -361,8 +371,9 @@ def _unrows(values: ET, like: ET, dim: int) -> ET:
 
 
 @lower("unique_consecutive.default")
-def unique_consecutive(self: ET, return_inverse: bool = False, return_counts: bool = False,
-                       dim: int | None = None) -> tuple[ET, ET, ET]:
+def unique_consecutive(
+    self: ET, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None
+) -> tuple[ET, ET, ET]:
     """A slice starts a group where it differs from the one before (so NaNs
     never merge); groups are numbered by an inclusive prefix count. Reads the
     number of groups back to the host."""
@@ -422,7 +433,11 @@ def _pick(rank: ET, value: ET, slot: ET) -> ET:
     if value.dtype == "bool":
         return _pick(rank, value.cast("i32"), slot).cast("bool")
     hit = rank.binary("eq", slot.reshape(list(slot.shape) + [1]))
-    return hit.where_(value, eng().full(_zero(value.dtype), [], value.dtype)).reduce("sum", [-1], False).cast(value.dtype)
+    return (
+        hit.where_(value, eng().full(_zero(value.dtype), [], value.dtype))
+        .reduce("sum", [-1], False)
+        .cast(value.dtype)
+    )
 
 
 def _rows_last(x: ET, dim: int) -> tuple[ET, int]:
@@ -500,11 +515,16 @@ def _median_slots(x: ET, ignore_nan: bool) -> tuple[ET, ET, ET]:
     """(ranks, the slot of each row's median, the count of numbers per row)."""
     n = x.shape[-1]
     rank = _ranks(x, False)
-    numbers = x.binary("eq", x).cast("i64").reduce("sum", [-1], False) if is_float(x) \
+    numbers = (
+        x.binary("eq", x).cast("i64").reduce("sum", [-1], False)
+        if is_float(x)
         else eng().full(float(n), list(x.shape[:-1]), "i64")
+    )
     if ignore_nan:
         # the lower median of the numbers; a row of NaN only picks its first NaN
-        slot = numbers.binary("gt", 0).where_(_half_floor(numbers.binary("maximum", 1)), eng().full(0.0, [], "i64"))
+        slot = numbers.binary("gt", 0).where_(
+            _half_floor(numbers.binary("maximum", 1)), eng().full(0.0, [], "i64")
+        )
     else:
         # any NaN: its first NaN, which sorts right after the numbers
         slot = numbers.binary("eq", n).where_(eng().full(float((n - 1) // 2), [], "i64"), numbers)

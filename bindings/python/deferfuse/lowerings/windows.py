@@ -326,13 +326,20 @@ def upsample_nearest1d(self: ET, output_size: Any, scales: float | None = None) 
 
 
 @lower("upsample_nearest2d.default")
-def upsample_nearest2d(self: ET, output_size: Any, scales_h: float | None = None, scales_w: float | None = None) -> ET:
+def upsample_nearest2d(
+    self: ET, output_size: Any, scales_h: float | None = None, scales_w: float | None = None
+) -> ET:
     return _upsample(self, output_size, [scales_h, scales_w], False)
 
 
 @lower("upsample_nearest3d.default")
-def upsample_nearest3d(self: ET, output_size: Any, scales_d: float | None = None, scales_h: float | None = None,
-                       scales_w: float | None = None) -> ET:
+def upsample_nearest3d(
+    self: ET,
+    output_size: Any,
+    scales_d: float | None = None,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
     return _upsample(self, output_size, [scales_d, scales_h, scales_w], False)
 
 
@@ -342,12 +349,18 @@ def upsample_nearest_exact1d(self: ET, output_size: Any, scales: float | None = 
 
 
 @lower("_upsample_nearest_exact2d.default")
-def upsample_nearest_exact2d(self: ET, output_size: Any, scales_h: float | None = None,
-                             scales_w: float | None = None) -> ET:
+def upsample_nearest_exact2d(
+    self: ET, output_size: Any, scales_h: float | None = None, scales_w: float | None = None
+) -> ET:
     return _upsample(self, output_size, [scales_h, scales_w], True)
 
 
 @lower("_upsample_nearest_exact3d.default")
-def upsample_nearest_exact3d(self: ET, output_size: Any, scales_d: float | None = None,
-                             scales_h: float | None = None, scales_w: float | None = None) -> ET:
+def upsample_nearest_exact3d(
+    self: ET,
+    output_size: Any,
+    scales_d: float | None = None,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
     return _upsample(self, output_size, [scales_d, scales_h, scales_w], True)

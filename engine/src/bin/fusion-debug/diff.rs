@@ -27,8 +27,11 @@ pub fn diff((path_a, a): (&Path, &FlushDump), (path_b, b): (&Path, &FlushDump)) 
             d.process
         );
     }
-    let _ =
-        writeln!(s, "B's cache outcome: tier 1 {}, tier 2 {}, tier 3 {}", b.cache.tier1, b.cache.tier2, b.cache.tier3);
+    let _ = writeln!(
+        s,
+        "B's cache outcome: tier 1 {}, tier 2 {}, tier 3 {}",
+        b.cache.tier1, b.cache.tier2, b.cache.tier3
+    );
     match compare(&a.recorded, &b.recorded) {
         Comparison::Same => {
             s.push_str(
@@ -43,7 +46,10 @@ pub fn diff((path_a, a): (&Path, &FlushDump), (path_b, b): (&Path, &FlushDump)) 
             }
         }
         Comparison::SameClass(size) => {
-            let _ = writeln!(s, "same shape class, different sizes; first size that differs:\n  {size}");
+            let _ = writeln!(
+                s,
+                "same shape class, different sizes; first size that differs:\n  {size}"
+            );
             where_recorded(&mut s, a, b, size.node);
             s.push_str(&backend_verdict(a, b));
             s.push_str(&what_happened(a, b));
@@ -96,7 +102,9 @@ fn backend_verdict(a: &FlushDump, b: &FlushDump) -> String {
 /// What B's tier-1 outcome says actually happened to it.
 fn what_happened(a: &FlushDump, b: &FlushDump) -> String {
     let prepared = match (b.cache.tier3, b.backend.as_str()) {
-        (TierOutcome::Hit, _) => "its program came from the on-disk cache (tier 3) and was compiled",
+        (TierOutcome::Hit, _) => {
+            "its program came from the on-disk cache (tier 3) and was compiled"
+        }
         // PJRT gets the rewritten trace unplanned: XLA fuses it.
         (_, "pjrt") => "it was rewritten and compiled for its own sizes",
         _ => "it was rewritten, planned and compiled for its own sizes",
@@ -138,7 +146,11 @@ fn recorded_at(d: &FlushDump, node: usize) -> Option<String> {
     if let Some(site) = d.call_sites.get(node)?.as_ref() {
         return Some(format!("recorded at {site}"));
     }
-    let reader = (node + 1..d.recorded.len()).find(|&r| d.recorded.nodes[r].inputs.contains(&node))?;
+    let reader =
+        (node + 1..d.recorded.len()).find(|&r| d.recorded.nodes[r].inputs.contains(&node))?;
     let site = d.call_sites[reader].as_ref()?;
-    Some(format!("first read by node {reader} ({}) at {site}", FlushDump::op_label(&d.recorded.nodes[reader].op)))
+    Some(format!(
+        "first read by node {reader} ({}) at {site}",
+        FlushDump::op_label(&d.recorded.nodes[reader].op)
+    ))
 }

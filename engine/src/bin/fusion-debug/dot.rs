@@ -19,10 +19,18 @@ pub fn render(drawn: &Drawn, title: &str) -> String {
             .iter()
             .enumerate()
             .map(|(i, op)| {
-                let tip =
-                    format!("{} {}\ncall site: {}", op.shape, op.dtype, op.call_site.as_deref().unwrap_or("unknown"));
+                let tip = format!(
+                    "{} {}\ncall site: {}",
+                    op.shape,
+                    op.dtype,
+                    op.call_site.as_deref().unwrap_or("unknown")
+                );
                 let fill = if op.output { ", fillcolor=\"#fff7d6\", penwidth=2" } else { "" };
-                format!("    g{g}_{i} [label={}, tooltip={}{fill}];\n", quote(&op.label), quote(&tip))
+                format!(
+                    "    g{g}_{i} [label={}, tooltip={}{fill}];\n",
+                    quote(&op.label),
+                    quote(&tip)
+                )
             })
             .collect();
         match group.kernel {

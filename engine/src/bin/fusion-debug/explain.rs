@@ -18,7 +18,12 @@ pub fn explain(dump: &FlushDump, n: NodeId) -> Result<String, String> {
     let program = &dump.program;
     let describe = |v: NodeId| {
         let m = &graph.nodes[v].meta;
-        format!("#{v} {} {}{:?}", FlushDump::op_label(&graph.nodes[v].op), m.dtype, m.shape.as_slice())
+        format!(
+            "#{v} {} {}{:?}",
+            FlushDump::op_label(&graph.nodes[v].op),
+            m.dtype,
+            m.shape.as_slice()
+        )
     };
     let kernels_of = |v: NodeId| program.kernels_of(v);
     let mut s = String::new();
@@ -27,7 +32,9 @@ pub fn explain(dump: &FlushDump, n: NodeId) -> Result<String, String> {
         let _ = writeln!(s, "  recorded at {site}");
     }
     match dump.origins.get(n).map(Vec::as_slice) {
-        Some([]) | None => s.push_str("  introduced by the rewrites (no recorded op computes exactly this)\n"),
+        Some([]) | None => {
+            s.push_str("  introduced by the rewrites (no recorded op computes exactly this)\n")
+        }
         Some(origins) => {
             let _ = writeln!(s, "  stands for recorded node(s) {origins:?}");
         }
@@ -71,7 +78,8 @@ pub fn explain(dump: &FlushDump, n: NodeId) -> Result<String, String> {
         let _ = writeln!(s, "  {:<40} {}", describe(i), verdict(i, n));
     }
     s.push_str("consumers:\n");
-    let consumers: Vec<NodeId> = (n + 1..graph.len()).filter(|&c| graph.nodes[c].inputs.contains(&n)).collect();
+    let consumers: Vec<NodeId> =
+        (n + 1..graph.len()).filter(|&c| graph.nodes[c].inputs.contains(&n)).collect();
     if consumers.is_empty() {
         s.push_str("  (none)\n");
     }

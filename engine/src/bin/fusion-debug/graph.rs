@@ -58,16 +58,25 @@ impl Drawn {
     pub fn of(dump: &FlushDump) -> Drawn {
         let mut drawn = Builder { dump, groups: Vec::new(), edges: Vec::new() };
         let program = &dump.program;
-        let inputs: Vec<NodeId> =
-            program.params.iter().copied().filter(|p| program.kernels.iter().any(|k| k.inputs.contains(p))).collect();
+        let inputs: Vec<NodeId> = program
+            .params
+            .iter()
+            .copied()
+            .filter(|p| program.kernels.iter().any(|k| k.inputs.contains(p)))
+            .collect();
         let mut param_group = vec![None; program.values.len()];
         for &p in &inputs {
             param_group[p] = Some(drawn.groups.len());
-            drawn.groups.push(Group { kernel: None, title: "input".into(), ops: vec![drawn.op(p, true)] });
+            drawn.groups.push(Group {
+                kernel: None,
+                title: "input".into(),
+                ops: vec![drawn.op(p, true)],
+            });
         }
         let first_kernel_group = drawn.groups.len();
         for (k, kernel) in program.kernels.iter().enumerate() {
-            let ops = kernel.nodes.iter().map(|&n| drawn.op(n, kernel.outputs.contains(&n))).collect();
+            let ops =
+                kernel.nodes.iter().map(|&n| drawn.op(n, kernel.outputs.contains(&n))).collect();
             let title = format!("kernel {k} · {}", kernel_kind(&kernel.kind));
             drawn.groups.push(Group { kernel: Some(k), title, ops });
         }
@@ -89,7 +98,12 @@ impl Drawn {
                     for (i, &n) in kernel.nodes.iter().enumerate() {
                         for &input in &graph.nodes[n].inputs {
                             if let Some(j) = kernel.nodes.iter().position(|&m| m == input) {
-                                drawn.edges.push(Edge { from: (g, j), to: (g, i), bytes: None, reason: None });
+                                drawn.edges.push(Edge {
+                                    from: (g, j),
+                                    to: (g, i),
+                                    bytes: None,
+                                    reason: None,
+                                });
                             } else if let Some(from) = source(input) {
                                 let reason = program.why_cut(input, n).map(|r| r.to_string());
                                 let bytes = Some(value_bytes(dump, input));

@@ -93,14 +93,25 @@ pub fn render(dump: &FlushDump, drawn: &Drawn, laid: &Laid, title: &str) -> Stri
 fn overview(dump: &FlushDump) -> String {
     let m = &dump.memory;
     let t = &dump.timings_ns;
-    let ops = dump.recorded.nodes.iter().filter(|n| !matches!(n.op, trace_ir::Op::Parameter { .. })).count();
+    let ops = dump
+        .recorded
+        .nodes
+        .iter()
+        .filter(|n| !matches!(n.op, trace_ir::Op::Parameter { .. }))
+        .count();
     let rows = [
         ("signature", format!("<code>{}</code>", esc(&dump.signature))),
         ("shape class", format!("<code>{}</code>", esc(&dump.shape_class))),
         ("backend", format!("{} ({})", esc(&dump.backend), esc(&dump.preparation))),
         ("ops recorded", ops.to_string()),
         ("kernels", dump.program.kernels.len().to_string()),
-        ("cache", format!("tier 1 {} · tier 2 {} · tier 3 {}", dump.cache.tier1, dump.cache.tier2, dump.cache.tier3)),
+        (
+            "cache",
+            format!(
+                "tier 1 {} · tier 2 {} · tier 3 {}",
+                dump.cache.tier1, dump.cache.tier2, dump.cache.tier3
+            ),
+        ),
         (
             "time",
             format!(
@@ -125,7 +136,8 @@ fn kernels(dump: &FlushDump) -> String {
     let mut s = String::from("<h2>Kernels</h2><ul id=\"kernels\">\n");
     for (k, kernel) in dump.program.kernels.iter().enumerate() {
         let (fill, stroke) = kernel_colors(k);
-        let written: u64 = dump.materialized.iter().filter(|m| m.producer == Some(k)).map(|m| m.bytes).sum();
+        let written: u64 =
+            dump.materialized.iter().filter(|m| m.producer == Some(k)).map(|m| m.bytes).sum();
         let _ = writeln!(
             s,
             "<li data-kernel=\"{k}\"><span class=\"swatch\" style=\"background:{fill};border-color:{stroke}\"></span>kernel {k} · {} · {} ops · writes {}</li>",
@@ -141,7 +153,9 @@ fn kernels(dump: &FlushDump) -> String {
 fn rules(dump: &FlushDump) -> String {
     let mut s = String::from("<h2>Rules fired</h2>\n");
     let Some(r) = &dump.rewrite else {
-        s.push_str("<p>No rewrite report (unfused, or the program came from the on-disk cache).</p>\n");
+        s.push_str(
+            "<p>No rewrite report (unfused, or the program came from the on-disk cache).</p>\n",
+        );
         return s;
     };
     if !r.ran_in_this_flush {
@@ -166,7 +180,8 @@ fn rules(dump: &FlushDump) -> String {
     let mut fired: Vec<_> = r.rules_fired.iter().collect();
     fired.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     for (name, count) in fired {
-        let _ = write!(s, "<tr><td><code>{}</code></td><td class=\"n\">{count}</td></tr>", esc(name));
+        let _ =
+            write!(s, "<tr><td><code>{}</code></td><td class=\"n\">{count}</td></tr>", esc(name));
     }
     s.push_str("</table>\n");
     s
@@ -179,13 +194,24 @@ fn cuts(dump: &FlushDump) -> String {
         return s;
     }
     s.push_str("<ul id=\"cuts\">");
-    let (inputs, cuts): (Vec<_>, Vec<_>) = dump.program.cuts.iter().partition(|c| c.reason == CutReason::Parameter);
+    let (inputs, cuts): (Vec<_>, Vec<_>) =
+        dump.program.cuts.iter().partition(|c| c.reason == CutReason::Parameter);
     for c in cuts {
-        let _ = write!(s, "<li><code>#{} → #{}</code>: {}</li>", c.producer, c.consumer, esc(&c.reason.to_string()));
+        let _ = write!(
+            s,
+            "<li><code>#{} → #{}</code>: {}</li>",
+            c.producer,
+            c.consumer,
+            esc(&c.reason.to_string())
+        );
     }
     s.push_str("</ul>\n");
     if !inputs.is_empty() {
-        let _ = writeln!(s, "<p>and {} edges from program inputs, which are buffers already.</p>", inputs.len());
+        let _ = writeln!(
+            s,
+            "<p>and {} edges from program inputs, which are buffers already.</p>",
+            inputs.len()
+        );
     }
     s
 }

@@ -54,8 +54,12 @@ pub fn lay_out(drawn: &Drawn) -> Laid {
     let mut inner: Vec<(Vec<Rect>, f64, f64)> = Vec::with_capacity(drawn.groups.len());
     for (g, group) in drawn.groups.iter().enumerate() {
         let n = group.ops.len();
-        let edges: Vec<(usize, usize)> =
-            drawn.edges.iter().filter(|e| e.from.0 == g && e.to.0 == g).map(|e| (e.from.1, e.to.1)).collect();
+        let edges: Vec<(usize, usize)> = drawn
+            .edges
+            .iter()
+            .filter(|e| e.from.0 == g && e.to.0 == g)
+            .map(|e| (e.from.1, e.to.1))
+            .collect();
         let widths: Vec<f64> = group.ops.iter().map(|o| op_width(&o.label)).collect();
         let layers = order_layers(n, &edges);
         let (rects, w, h) = place(&layers, &widths, OP_HEIGHT, OP_GAP_X, OP_GAP_Y);
@@ -71,7 +75,8 @@ pub fn lay_out(drawn: &Drawn) -> Laid {
     let layers = order_layers(drawn.groups.len(), &between);
     let widths: Vec<f64> = inner.iter().map(|i| i.1).collect();
     let heights: Vec<f64> = inner.iter().map(|i| i.2).collect();
-    let (mut boxes, width, height) = place_sized(&layers, &widths, &heights, GROUP_GAP_X, GROUP_GAP_Y);
+    let (mut boxes, width, height) =
+        place_sized(&layers, &widths, &heights, GROUP_GAP_X, GROUP_GAP_Y);
     for b in &mut boxes {
         b.x += MARGIN;
         b.y += MARGIN;
@@ -84,7 +89,10 @@ pub fn lay_out(drawn: &Drawn) -> Laid {
             // Centre the op layout inside its (possibly title-widened) box.
             let used = rects.iter().map(|r| r.x + r.w).fold(0.0, f64::max);
             let shift = (w - 2.0 * PAD - used) / 2.0;
-            rects.iter().map(|r| Rect { x: b.x + PAD + shift + r.x, y: b.y + TITLE + PAD + r.y, ..*r }).collect()
+            rects
+                .iter()
+                .map(|r| Rect { x: b.x + PAD + shift + r.x, y: b.y + TITLE + PAD + r.y, ..*r })
+                .collect()
         })
         .collect();
     Laid { width: width + 2.0 * MARGIN, height: height + 2.0 * MARGIN, groups: boxes, ops }
@@ -112,7 +120,8 @@ fn order_layers(n: usize, edges: &[(usize, usize)]) -> Vec<Vec<usize>> {
     // Sources (program inputs) go just above their first reader, not all on top.
     for i in 0..n {
         if edges.iter().all(|&(_, b)| b != i) {
-            let first_reader = edges.iter().filter(|&&(a, b)| a == i && b != i).map(|&(_, b)| layer[b]).min();
+            let first_reader =
+                edges.iter().filter(|&&(a, b)| a == i && b != i).map(|&(_, b)| layer[b]).min();
             if let Some(l) = first_reader {
                 layer[i] = l.saturating_sub(1);
             }
@@ -130,8 +139,11 @@ fn order_layers(n: usize, edges: &[(usize, usize)]) -> Vec<Vec<usize>> {
                 position[i] = p as f64;
             }
         }
-        let order: Vec<usize> =
-            if down { (1..layers.len()).collect() } else { (0..layers.len().saturating_sub(1)).rev().collect() };
+        let order: Vec<usize> = if down {
+            (1..layers.len()).collect()
+        } else {
+            (0..layers.len().saturating_sub(1)).rev().collect()
+        };
         for l in order {
             let mut keyed: Vec<(f64, usize)> = layers[l]
                 .iter()
@@ -144,7 +156,11 @@ fn order_layers(n: usize, edges: &[(usize, usize)]) -> Vec<Vec<usize>> {
                             _ => None,
                         })
                         .collect();
-                    let key = if near.is_empty() { position[i] } else { near.iter().sum::<f64>() / near.len() as f64 };
+                    let key = if near.is_empty() {
+                        position[i]
+                    } else {
+                        near.iter().sum::<f64>() / near.len() as f64
+                    };
                     (key, i)
                 })
                 .collect();
@@ -162,7 +178,13 @@ fn order_layers(n: usize, edges: &[(usize, usize)]) -> Vec<Vec<usize>> {
 }
 
 /// Places equal-height items row by row, each row centred.
-fn place(layers: &[Vec<usize>], widths: &[f64], height: f64, gap_x: f64, gap_y: f64) -> (Vec<Rect>, f64, f64) {
+fn place(
+    layers: &[Vec<usize>],
+    widths: &[f64],
+    height: f64,
+    gap_x: f64,
+    gap_y: f64,
+) -> (Vec<Rect>, f64, f64) {
     let heights = vec![height; widths.len()];
     place_sized(layers, widths, &heights, gap_x, gap_y)
 }
@@ -176,8 +198,9 @@ fn place_sized(
     gap_x: f64,
     gap_y: f64,
 ) -> (Vec<Rect>, f64, f64) {
-    let row_width =
-        |l: &Vec<usize>| l.iter().map(|&i| widths[i]).sum::<f64>() + gap_x * l.len().saturating_sub(1) as f64;
+    let row_width = |l: &Vec<usize>| {
+        l.iter().map(|&i| widths[i]).sum::<f64>() + gap_x * l.len().saturating_sub(1) as f64
+    };
     let width = layers.iter().map(row_width).fold(0.0, f64::max);
     let mut rects = vec![Rect::default(); widths.len()];
     let mut y = 0.0;

@@ -113,13 +113,17 @@ fn run(command: Command) -> Result<String, Failure> {
     match command {
         Command::Summary { path } => {
             let files = FlushDump::list(&path)?;
-            let dumps =
-                files.iter().map(|f| Ok((f.clone(), FlushDump::load(f)?))).collect::<Result<Vec<_>, DumpError>>()?;
+            let dumps = files
+                .iter()
+                .map(|f| Ok((f.clone(), FlushDump::load(f)?)))
+                .collect::<Result<Vec<_>, DumpError>>()?;
             Ok(summary::render(&dumps))
         }
         Command::Show { dump, format, output } => {
             let d = FlushDump::load(&dump)?;
-            let title = dump.file_name().map_or_else(|| "flush".into(), |n| n.to_string_lossy().into_owned());
+            let title = dump
+                .file_name()
+                .map_or_else(|| "flush".into(), |n| n.to_string_lossy().into_owned());
             let drawn = graph::Drawn::of(&d);
             let laid = layout::lay_out(&drawn);
             let text = match format {
@@ -132,8 +136,12 @@ fn run(command: Command) -> Result<String, Failure> {
                 Some(path) => write(&path, &text).map(|()| String::new()),
             }
         }
-        Command::Explain { dump, op } => explain::explain(&FlushDump::load(&dump)?, op).map_err(Failure::Request),
-        Command::Diff { a, b } => Ok(diff::diff((&a, &FlushDump::load(&a)?), (&b, &FlushDump::load(&b)?))),
+        Command::Explain { dump, op } => {
+            explain::explain(&FlushDump::load(&dump)?, op).map_err(Failure::Request)
+        }
+        Command::Diff { a, b } => {
+            Ok(diff::diff((&a, &FlushDump::load(&a)?), (&b, &FlushDump::load(&b)?)))
+        }
     }
 }
 

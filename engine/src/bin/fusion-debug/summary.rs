@@ -29,10 +29,13 @@ pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
     let mut rows: Vec<[String; 13]> = Vec::new();
     let mut sinks: Vec<(u64, String)> = Vec::new();
     for (path, d) in dumps {
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let name = path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let ops = d.recorded.nodes.iter().filter(|n| !matches!(n.op, Op::Parameter { .. })).count();
         let kernels = d.program.kernels.len();
-        let per_kernel = if kernels == 0 { "-".into() } else { format!("{:.1}", ops as f64 / kernels as f64) };
+        let per_kernel =
+            if kernels == 0 { "-".into() } else { format!("{:.1}", ops as f64 / kernels as f64) };
         let t = &d.timings_ns;
         rows.push([
             name.clone(),
@@ -49,7 +52,9 @@ pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
             human_ns(t.run),
             human_bytes(d.memory.peak),
         ]);
-        for (phase, ns) in [("rewrite", t.rewrite), ("plan", t.plan), ("compile", t.compile), ("run", t.run)] {
+        for (phase, ns) in
+            [("rewrite", t.rewrite), ("plan", t.plan), ("compile", t.compile), ("run", t.run)]
+        {
             sinks.push((ns, format!("{name} {phase}")));
         }
     }

@@ -21,7 +21,11 @@ pub fn kernel_hue(k: usize) -> f64 {
 
 /// Escapes text for XML content and attributes.
 pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
 }
 
 pub fn render(drawn: &Drawn, laid: &Laid) -> String {
@@ -48,7 +52,8 @@ pub fn render(drawn: &Drawn, laid: &Laid) -> String {
             }
             None => ("#f4f4f4".into(), "#9e9e9e".into(), "input", format!("group-{g}")),
         };
-        let kernel_attr = group.kernel.map(|k| format!(r#" data-kernel="{k}""#)).unwrap_or_default();
+        let kernel_attr =
+            group.kernel.map(|k| format!(r#" data-kernel="{k}""#)).unwrap_or_default();
         let _ = writeln!(s, r#"<g class="{class}" id="{id}"{kernel_attr}>"#);
         let dash = if group.kernel.is_none() { r#" stroke-dasharray="4 3""# } else { "" };
         let _ = writeln!(
@@ -82,8 +87,11 @@ pub fn render(drawn: &Drawn, laid: &Laid) -> String {
                 esc(site),
                 esc(&tip)
             );
-            let (fill, width) =
-                if op.output { ("#fff7d6", 2.0) } else { ("#ffffff", if op.stored { 1.6 } else { 1.0 }) };
+            let (fill, width) = if op.output {
+                ("#fff7d6", 2.0)
+            } else {
+                ("#ffffff", if op.stored { 1.6 } else { 1.0 })
+            };
             let _ = writeln!(
                 s,
                 r##"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{OP_HEIGHT}" rx="4" fill="{fill}" stroke="#444" stroke-width="{width}"/>"##,
@@ -105,7 +113,11 @@ pub fn render(drawn: &Drawn, laid: &Laid) -> String {
         let (a, b) = (laid.ops[e.from.0][e.from.1], laid.ops[e.to.0][e.to.1]);
         let (x1, y1, x2, y2) = (a.center_x(), a.bottom(), b.center_x(), b.y);
         let bend = ((y2 - y1).abs() / 2.0).max(20.0);
-        let path = format!("M{x1:.1},{y1:.1} C{x1:.1},{:.1} {x2:.1},{:.1} {x2:.1},{y2:.1}", y1 + bend, y2 - bend);
+        let path = format!(
+            "M{x1:.1},{y1:.1} C{x1:.1},{:.1} {x2:.1},{:.1} {x2:.1},{y2:.1}",
+            y1 + bend,
+            y2 - bend
+        );
         if e.materialized() {
             let label = e.label().unwrap_or_default();
             let why = e.reason.as_deref().map(|r| format!(" (cut: {r})")).unwrap_or_default();

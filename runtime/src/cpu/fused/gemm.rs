@@ -51,12 +51,22 @@ fn widen<'a>(d: &'a HostData, tracker: &Arc<MemoryTracker>) -> Result<F32Data<'a
             let lease = Lease::new(tracker, v.len() * 4);
             F32Data::Owned(v.iter().map(|&b| b.to_f32()).collect(), lease)
         }
-        other => return Err(Error::dtype("matmul", "operands must share one floating dtype", &[other.dtype()])),
+        other => {
+            return Err(Error::dtype(
+                "matmul",
+                "operands must share one floating dtype",
+                &[other.dtype()],
+            ))
+        }
     })
 }
 
 impl MatMulExec {
-    pub(crate) fn new(k: &MatMulKernel, inputs: Vec<Meta>, outputs: Vec<Meta>) -> Result<MatMulExec> {
+    pub(crate) fn new(
+        k: &MatMulKernel,
+        inputs: Vec<Meta>,
+        outputs: Vec<Meta>,
+    ) -> Result<MatMulExec> {
         if inputs.len() < 2 {
             return Err(internal("a matmul kernel needs two operands"));
         }
@@ -75,15 +85,28 @@ impl MatMulExec {
             }
         };
         let dtype = inputs[0].dtype;
-        Ok(MatMulExec { lhs: k.lhs.clone(), rhs: k.rhs.clone(), out: Meta::new(k.shape.clone(), dtype), epilogue })
+        Ok(MatMulExec {
+            lhs: k.lhs.clone(),
+            rhs: k.rhs.clone(),
+            out: Meta::new(k.shape.clone(), dtype),
+            epilogue,
+        })
     }
 
     /// Runs on the kernel's inputs; the epilogue may write its output into
     /// the product's memory (see `LoopExec::run`).
-    pub(crate) fn run(&self, inputs: Vec<Arc<Buffer>>, tracker: &Arc<MemoryTracker>) -> Result<Vec<Buffer>> {
+    pub(crate) fn run(
+        &self,
+        inputs: Vec<Arc<Buffer>>,
+        tracker: &Arc<MemoryTracker>,
+    ) -> Result<Vec<Buffer>> {
         let (a, b) = (&inputs[0], &inputs[1]);
         if a.meta().dtype != b.meta().dtype {
-            return Err(Error::dtype("matmul", "operands must share one floating dtype", &[a.meta().dtype, b.meta().dtype]));
+            return Err(Error::dtype(
+                "matmul",
+                "operands must share one floating dtype",
+                &[a.meta().dtype, b.meta().dtype],
+            ));
         }
         let (sa, sta, oa) = view_geometry(&self.lhs, &a.meta().shape)?;
         let (sb, stb, ob) = view_geometry(&self.rhs, &b.meta().shape)?;
@@ -114,7 +137,15 @@ impl MatMulExec {
         };
         let lease = Lease::new(tracker, total * 4);
         if m * n > 0 && kk > 0 {
-            gemm_batched(&mut result, x.as_slice(), (&sa, &sta, oa), y.as_slice(), (&sb, &stb, ob), &batch, (m, kk, n));
+            gemm_batched(
+                &mut result,
+                x.as_slice(),
+                (&sa, &sta, oa),
+                y.as_slice(),
+                (&sb, &stb, ob),
+                &batch,
+                (m, kk, n),
+            );
         } else {
             result.fill(0.0);
         }
@@ -124,7 +155,11 @@ impl MatMulExec {
         }
         // The product is scratch from here: an epilogue output takes its
         // memory, or it goes back to the cache.
-        let result = Buffer::from_reused(Meta::new(out_shape.clone(), DType::F32), HostData::F32(result), lease);
+        let result = Buffer::from_reused(
+            Meta::new(out_shape.clone(), DType::F32),
+            HostData::F32(result),
+            lease,
+        );
         match &self.epilogue {
             Some(ep) => ep.run(inputs, Some(result), &out_shape, tracker),
             None => {
@@ -133,9 +168,17 @@ impl MatMulExec {
                     _ => return Err(internal("matmul scratch is not f32")),
                 };
                 let data = match self.out.dtype {
-                    DType::BF16 => HostData::BF16(acc.iter().map(|&v| bf16::from_bits(f32_to_bf16_bits(v))).collect()),
+                    DType::BF16 => HostData::BF16(
+                        acc.iter().map(|&v| bf16::from_bits(f32_to_bf16_bits(v))).collect(),
+                    ),
                     DType::F16 => HostData::F16(acc.iter().map(|&v| f16::from_f32(v)).collect()),
-                    other => return Err(Error::dtype("matmul", "operands must share one floating dtype", &[other])),
+                    other => {
+                        return Err(Error::dtype(
+                            "matmul",
+                            "operands must share one floating dtype",
+                            &[other],
+                        ))
+                    }
                 };
                 Ok(vec![Buffer::host(out_meta, data, tracker)])
             }
@@ -158,7 +201,9 @@ fn gemm_batched(
     let batch_strides = |s: &[usize], st: &Strides| -> Strides {
         let nb = s.len() - 2;
         let lead = batch.len() - nb;
-        (0..batch.len()).map(|d| if d < lead || s[d - lead] == 1 { 0 } else { st[d - lead] }).collect()
+        (0..batch.len())
+            .map(|d| if d < lead || s[d - lead] == 1 { 0 } else { st[d - lead] })
+            .collect()
     };
     let (ba, bb) = (batch_strides(sa, sta), batch_strides(sb, stb));
     let batches = numel(batch);

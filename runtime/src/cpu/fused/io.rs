@@ -208,7 +208,9 @@ impl Dst {
                     *o = f32_to_bf16_bits(x);
                 }
             }
-            Dst::F16(p) => std::slice::from_raw_parts_mut(p.add(pos), n).convert_from_f32_slice(src),
+            Dst::F16(p) => {
+                std::slice::from_raw_parts_mut(p.add(pos), n).convert_from_f32_slice(src)
+            }
             Dst::Bool(p) => {
                 for (o, &x) in std::slice::from_raw_parts_mut(p.add(pos), n).iter_mut().zip(src) {
                     *o = x != 0.0;
@@ -249,7 +251,11 @@ impl Dst {
 /// the caller overwrites, and a writer into it. A cached allocation of the
 /// tracker is reused when there is one; otherwise a zeroed one is made
 /// (zeroed allocations come from the OS lazily, without a pass over memory).
-pub(crate) fn alloc_output(dtype: trace_ir::DType, n: usize, tracker: &crate::memory::MemoryTracker) -> Option<(HostData, Dst)> {
+pub(crate) fn alloc_output(
+    dtype: trace_ir::DType,
+    n: usize,
+    tracker: &crate::memory::MemoryTracker,
+) -> Option<(HostData, Dst)> {
     use trace_ir::DType;
     let data = match tracker.reuse(dtype, n) {
         Some(d) => d,

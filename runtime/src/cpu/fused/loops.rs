@@ -180,7 +180,8 @@ pub(crate) fn view_geometry(view: &View, source: &[usize]) -> Result<(Shape, Str
                 return Err(internal("a strided view has mismatched strides"));
             }
             // Every element the view reaches must be in the buffer.
-            let last: usize = offset + shape.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1) * s).sum::<usize>();
+            let last: usize = offset
+                + shape.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1) * s).sum::<usize>();
             if numel(shape) > 0 && last >= numel(source) {
                 return Err(internal("a strided view reaches past its buffer"));
             }
@@ -192,7 +193,12 @@ pub(crate) fn view_geometry(view: &View, source: &[usize]) -> Result<(Shape, Str
 impl LoopExec {
     /// Checks `kernel` against its inputs' and outputs' metas and assigns
     /// register levels and slots. `epilogue` allows [`Instr::Acc`].
-    pub(crate) fn new(kernel: &LoopKernel, inputs: Vec<Meta>, outputs: Vec<Meta>, epilogue: bool) -> Result<LoopExec> {
+    pub(crate) fn new(
+        kernel: &LoopKernel,
+        inputs: Vec<Meta>,
+        outputs: Vec<Meta>,
+        epilogue: bool,
+    ) -> Result<LoopExec> {
         let s = &kernel.shape;
         let (r, k) = (s.len(), kernel.row_dims);
         if k > r {
@@ -209,12 +215,18 @@ impl LoopExec {
             let lv = |j: usize| level[j];
             let (l, spec) = match ins {
                 Instr::Load { input, view, frame } => {
-                    let meta = inputs.get(*input).ok_or_else(|| internal(format!("load of missing input {input}")))?;
+                    let meta = inputs
+                        .get(*input)
+                        .ok_or_else(|| internal(format!("load of missing input {input}")))?;
                     let (vshape, _, _) = view_geometry(view, &meta.shape)?;
                     let aligned = align_frame(&vshape, *frame, r, k)
                         .filter(|a| a.iter().zip(s).all(|(&x, &y)| x == y || x == 1))
                         .ok_or_else(|| {
-                            internal(format!("input {input} of shape {:?} does not fit loop {:?}", vshape.as_slice(), s.as_slice()))
+                            internal(format!(
+                                "input {input} of shape {:?} does not fit loop {:?}",
+                                vshape.as_slice(),
+                                s.as_slice()
+                            ))
                         })?;
                     let l = if aligned.iter().all(|&d| d == 1) {
                         Level::Scalar
@@ -223,13 +235,29 @@ impl LoopExec {
                     } else {
                         Level::Elem
                     };
-                    (l, Some(LoadSpec { input: Some(*input), view: view.clone(), frame: *frame, aligned }))
+                    (
+                        l,
+                        Some(LoadSpec {
+                            input: Some(*input),
+                            view: view.clone(),
+                            frame: *frame,
+                            aligned,
+                        }),
+                    )
                 }
                 Instr::Acc => {
                     if !epilogue {
                         return Err(internal("the matmul accumulator is read outside an epilogue"));
                     }
-                    (Level::Elem, Some(LoadSpec { input: None, view: View::Direct, frame: Frame::Elem, aligned: s.clone() }))
+                    (
+                        Level::Elem,
+                        Some(LoadSpec {
+                            input: None,
+                            view: View::Direct,
+                            frame: Frame::Elem,
+                            aligned: s.clone(),
+                        }),
+                    )
                 }
                 Instr::Literal { .. } => (Level::Scalar, None),
                 Instr::Unary { x, .. } | Instr::Round { x, .. } => (lv(*x), None),
@@ -253,7 +281,9 @@ impl LoopExec {
         }
         let mut stores = Vec::new();
         for st in &kernel.stores {
-            let meta = outputs.get(st.output).ok_or_else(|| internal(format!("store to missing output {}", st.output)))?;
+            let meta = outputs
+                .get(st.output)
+                .ok_or_else(|| internal(format!("store to missing output {}", st.output)))?;
             if st.reg >= n {
                 return Err(internal(format!("store of missing register {}", st.reg)));
             }
@@ -276,8 +306,10 @@ impl LoopExec {
         }
         let mut after_reduce = vec![false; n];
         for (i, ins) in kernel.instrs.iter().enumerate() {
-            after_reduce[i] =
-                ins.operands().iter().any(|&o| after_reduce[o] || matches!(kernel.instrs[o], Instr::Reduce { .. }));
+            after_reduce[i] = ins
+                .operands()
+                .iter()
+                .any(|&o| after_reduce[o] || matches!(kernel.instrs[o], Instr::Reduce { .. }));
         }
         let chunked = k > 0 && (0..n).all(|i| !(after_reduce[i] && level[i] == Level::Elem));
         // The order tiles run in. A kernel that may walk long rows in chunks
@@ -361,7 +393,12 @@ impl LoopExec {
 
     /// The iteration shape of a run: each dimension from the inputs that
     /// span it, else from `planned` (the program's shape at this run's sizes).
-    fn runtime_shape(&self, inputs: &[Arc<Buffer>], acc: Option<&[usize]>, planned: &[usize]) -> Result<Shape> {
+    fn runtime_shape(
+        &self,
+        inputs: &[Arc<Buffer>],
+        acc: Option<&[usize]>,
+        planned: &[usize],
+    ) -> Result<Shape> {
         let ct = &self.kernel.shape;
         if planned.len() != ct.len() {
             return Err(internal("the planned iteration shape changed rank"));
@@ -372,7 +409,9 @@ impl LoopExec {
             let shape: Shape = match spec.input {
                 Some(i) => {
                     let m = inputs[i].meta();
-                    if m.dtype != self.inputs[i].dtype || m.shape.len() != self.inputs[i].shape.len() {
+                    if m.dtype != self.inputs[i].dtype
+                        || m.shape.len() != self.inputs[i].shape.len()
+                    {
                         return Err(internal(format!(
                             "input {i} is {:?} {} but the loop was compiled for {:?} {}",
                             m.shape.as_slice(),
@@ -385,13 +424,17 @@ impl LoopExec {
                 }
                 None => acc.ok_or_else(|| internal("no accumulator"))?.into(),
             };
-            let a = align_frame(&shape, spec.frame, r, k).ok_or_else(|| internal("input rank changed"))?;
+            let a = align_frame(&shape, spec.frame, r, k)
+                .ok_or_else(|| internal("input rank changed"))?;
             for d in 0..r {
                 if spec.aligned[d] != 1 {
                     match rt[d] {
                         None => rt[d] = Some(a[d]),
                         Some(v) if v != a[d] => {
-                            return Err(internal(format!("inputs disagree on dimension {d} ({v} vs {})", a[d])))
+                            return Err(internal(format!(
+                                "inputs disagree on dimension {d} ({v} vs {})",
+                                a[d]
+                            )))
                         }
                         _ => {}
                     }
@@ -425,12 +468,17 @@ impl LoopExec {
         let rows = numel(&outer);
         let cols = numel(&shape[r - k..]);
         if self.has_extreme && rows > 0 && cols == 0 {
-            return Err(trace_ir::Error::shape("max", "cannot reduce over an empty axis", &[&shape]));
+            return Err(trace_ir::Error::shape(
+                "max",
+                "cannot reduce over an empty axis",
+                &[&shape],
+            ));
         }
         let metas: Vec<Meta> = (0..self.outputs.len())
             .map(|o| {
                 let meta = &self.outputs[o];
-                let frame = self.stores.iter().find(|s| s.output == o).map_or(Frame::Elem, |s| s.frame);
+                let frame =
+                    self.stores.iter().find(|s| s.output == o).map_or(Frame::Elem, |s| s.frame);
                 let mut dims = meta.shape.clone();
                 for (i, p) in positions(dims.len(), frame, r, k).enumerate() {
                     if dims[i] != 1 {
@@ -452,7 +500,8 @@ impl LoopExec {
         for &donor in donors.iter().flatten() {
             match donor {
                 Donor::Input(i) => {
-                    let buffer = Arc::get_mut(&mut inputs[i]).ok_or_else(|| internal("a donated input is shared"))?;
+                    let buffer = Arc::get_mut(&mut inputs[i])
+                        .ok_or_else(|| internal("a donated input is shared"))?;
                     raw[i] = Some(donated(buffer.host_data_mut())?);
                 }
                 Donor::Acc => acc_raw = Some(donated(acc.as_mut().map(|a| &mut a.0))?),
@@ -473,12 +522,20 @@ impl LoopExec {
                 continue;
             }
             check_alloc(m)?;
-            let (data, dst) =
-                alloc_output(m.dtype, m.numel(), tracker).ok_or_else(|| internal(format!("a loop cannot store {}", m.dtype)))?;
+            let (data, dst) = alloc_output(m.dtype, m.numel(), tracker)
+                .ok_or_else(|| internal(format!("a loop cannot store {}", m.dtype)))?;
             outputs.push(Some(Buffer::host(m.clone(), data, tracker)));
             dsts.push(dst);
         }
-        self.execute(&inputs, acc.as_ref().map(|a| &a.0), acc_shape.as_deref(), (&raw, acc_raw), &shape, dsts, &donors)?;
+        self.execute(
+            &inputs,
+            acc.as_ref().map(|a| &a.0),
+            acc_shape.as_deref(),
+            (&raw, acc_raw),
+            &shape,
+            dsts,
+            &donors,
+        )?;
         // Hand each donor's memory to its output.
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         for (o, donor) in donors.iter().enumerate() {
@@ -489,7 +546,9 @@ impl LoopExec {
                     .and_then(|b| Arc::try_unwrap(b).ok())
                     .and_then(Buffer::into_host_data)
                     .ok_or_else(|| internal("a donated input is shared"))?,
-                Donor::Acc => acc.take().ok_or_else(|| internal("the accumulator was donated twice"))?,
+                Donor::Acc => {
+                    acc.take().ok_or_else(|| internal("the accumulator was donated twice"))?
+                }
             };
             outputs[o] = Some(Buffer::from_reused(metas[o].clone(), data, lease));
         }
@@ -497,26 +556,39 @@ impl LoopExec {
             // Not donated: back to the tracker's cache.
             drop(Buffer::from_reused(Meta::new(s, DType::F32), data, lease));
         }
-        outputs.into_iter().map(|b| b.ok_or_else(|| internal("an output was not written"))).collect()
+        outputs
+            .into_iter()
+            .map(|b| b.ok_or_else(|| internal("an output was not written")))
+            .collect()
     }
 
     /// For each output, the operand whose memory it may take: an f32 operand of the output's size that this
     /// run holds the only reference to, and that every load reads element
     /// for element in iteration order, so each tile reads what it then
     /// overwrites before overwriting it and no tile reads another's part.
-    fn donors(&self, inputs: &mut [Arc<Buffer>], has_acc: bool, metas: &[Meta], shape: &[usize]) -> Vec<Option<Donor>> {
+    fn donors(
+        &self,
+        inputs: &mut [Arc<Buffer>],
+        has_acc: bool,
+        metas: &[Meta],
+        shape: &[usize],
+    ) -> Vec<Option<Donor>> {
         let total = numel(shape);
         let (r, k) = (shape.len(), self.kernel.row_dims);
         let in_order = |source: Option<usize>| {
             self.loads.iter().enumerate().all(|(reg, spec)| match spec {
                 Some(spec) if spec.input == source => {
                     let geometry = match source {
-                        Some(i) => view_geometry(&spec.view, &inputs[i].meta().shape).ok().map(|g| g.0),
+                        Some(i) => {
+                            view_geometry(&spec.view, &inputs[i].meta().shape).ok().map(|g| g.0)
+                        }
                         None => Some(Shape::from_slice(shape)),
                     };
                     self.level[reg] == Level::Elem
                         && spec.view == View::Direct
-                        && geometry.and_then(|g| align_frame(&g, spec.frame, r, k)).is_some_and(|a| a.as_slice() == shape)
+                        && geometry
+                            .and_then(|g| align_frame(&g, spec.frame, r, k))
+                            .is_some_and(|a| a.as_slice() == shape)
                 }
                 _ => true,
             })
@@ -528,12 +600,18 @@ impl LoopExec {
             })
             .collect();
         let mut acc_free = has_acc && in_order(None);
-        let mut free: Vec<bool> = (0..inputs.len()).map(|i| eligible[i] && Arc::get_mut(&mut inputs[i]).is_some()).collect();
+        let mut free: Vec<bool> = (0..inputs.len())
+            .map(|i| eligible[i] && Arc::get_mut(&mut inputs[i]).is_some())
+            .collect();
         metas
             .iter()
             .enumerate()
             .map(|(o, m)| {
-                let full = self.stores.iter().filter(|s| s.output == o).all(|s| s.layout == StoreLayout::Full);
+                let full = self
+                    .stores
+                    .iter()
+                    .filter(|s| s.output == o)
+                    .all(|s| s.layout == StoreLayout::Full);
                 if m.dtype != DType::F32 || m.numel() != total || total == 0 || !full {
                     return None;
                 }
@@ -635,7 +713,9 @@ impl LoopExec {
             let v = match &self.kernel.instrs[reg] {
                 Instr::Load { .. } | Instr::Acc => sc[reg],
                 Instr::Literal { value } => *value,
-                Instr::Unary { op, x } => with_unary!(super::tile::PORTABLE_FMA, *op, |f| f(sc[*x])),
+                Instr::Unary { op, x } => {
+                    with_unary!(super::tile::PORTABLE_FMA, *op, |f| f(sc[*x]))
+                }
                 Instr::Binary { op, a, b } => with_binary!(*op, |f| f(sc[*a], sc[*b])),
                 Instr::Where { c, a, b } => {
                     if sc[*c] != 0.0 {
@@ -686,14 +766,20 @@ impl LoopExec {
             elem: vec![vec![0.0f32; elem_cap]; self.n_elem],
             row: vec![vec![0.0f32; row_cap]; self.n_row],
             tmp: if self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. })) {
-                [vec![0.0; elem_cap.max(row_cap)], vec![0.0; elem_cap.max(row_cap)], vec![0.0; elem_cap.max(row_cap)]]
+                [
+                    vec![0.0; elem_cap.max(row_cap)],
+                    vec![0.0; elem_cap.max(row_cap)],
+                    vec![0.0; elem_cap.max(row_cap)],
+                ]
             } else {
                 [Vec::new(), Vec::new(), Vec::new()]
             },
         };
         let isa = Isa::detect();
         if total >= PAR_ELEMS && ntiles > 1 {
-            (0..ntiles).into_par_iter().for_each_init(scratch, |s, i| run_tile(isa, self, &rs, s, tile(i)));
+            (0..ntiles)
+                .into_par_iter()
+                .for_each_init(scratch, |s, i| run_tile(isa, self, &rs, s, tile(i)));
         } else {
             let mut s = scratch();
             for i in 0..ntiles {
@@ -708,7 +794,13 @@ impl LoopExec {
     /// Where each element-level register lives in this run (see [`Home`]).
     /// A donated output is stored at the end of each tile, after every load
     /// of the tile has read its donor.
-    fn homes<'a>(&self, loads: &[LoadRt<'a>], dsts: &[Dst], total: usize, donated: &[bool]) -> Vec<Home<'a>> {
+    fn homes<'a>(
+        &self,
+        loads: &[LoadRt<'a>],
+        dsts: &[Dst],
+        total: usize,
+        donated: &[bool],
+    ) -> Vec<Home<'a>> {
         (0..self.kernel.instrs.len())
             .map(|reg| {
                 if self.level[reg] != Level::Elem {
@@ -716,14 +808,19 @@ impl LoopExec {
                 }
                 if matches!(self.kernel.instrs[reg], Instr::Load { .. } | Instr::Acc) {
                     return match (&loads[reg].data, &loads[reg].access) {
-                        (Data::F32(v), Access::Contig { offset }) if v.len() >= offset + total => Home::Input(&v[*offset..]),
+                        (Data::F32(v), Access::Contig { offset }) if v.len() >= offset + total => {
+                            Home::Input(&v[*offset..])
+                        }
                         _ => Home::Scratch,
                     };
                 }
                 self.stores
                     .iter()
                     .find(|st| {
-                        st.reg == reg && st.layout == StoreLayout::Full && matches!(dsts[st.output], Dst::F32(_)) && !donated[st.output]
+                        st.reg == reg
+                            && st.layout == StoreLayout::Full
+                            && matches!(dsts[st.output], Dst::F32(_))
+                            && !donated[st.output]
                     })
                     .map_or(Home::Scratch, |st| Home::Output(st.output))
             })

@@ -53,7 +53,14 @@ pub fn exp<const FMA: bool>(x: f32) -> f32 {
     let z = r * r;
     let p = poly::<FMA, 6>(
         r,
-        [1.987_569_15e-4, 1.398_199_95e-3, 8.333_451_9e-3, 4.166_579_6e-2, 1.666_666_55e-1, 5.000_000_1e-1],
+        [
+            1.987_569_15e-4,
+            1.398_199_95e-3,
+            8.333_451_9e-3,
+            4.166_579_6e-2,
+            1.666_666_55e-1,
+            5.000_000_1e-1,
+        ],
     );
     let y = ma::<FMA>(p, z, r) + 1.0;
     // 2^n as two factors, so results near the subnormal range stay exact in
@@ -120,7 +127,10 @@ pub fn ln<const FMA: bool>(x: f32) -> f32 {
 pub fn tanh<const FMA: bool>(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
-    let p = poly::<FMA, 5>(z, [-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1]);
+    let p = poly::<FMA, 5>(
+        z,
+        [-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1],
+    );
     let small = ma::<FMA>(p * z, x, x);
     let big = 1.0 - 2.0 / (exp::<FMA>(2.0 * a) + 1.0);
     let big = if x < 0.0 { -big } else { big };
@@ -178,7 +188,10 @@ pub fn erf<const FMA: bool>(x: f32) -> f32 {
             -1.609_603_3e-2,
         ],
     );
-    let q = poly::<FMA, 5>(x2, [-1.456_607_2e-5, -2.133_740_6e-4, -1.682_827e-3, -7.373_329_2e-3, -1.426_474e-2]);
+    let q = poly::<FMA, 5>(
+        x2,
+        [-1.456_607_2e-5, -2.133_740_6e-4, -1.682_827e-3, -7.373_329_2e-3, -1.426_474e-2],
+    );
     xc * p / q
 }
 
@@ -224,7 +237,11 @@ mod tests {
         (0..=count).map(move |i| (lo + (hi - lo) * i as f64 / count as f64) as f32)
     }
 
-    fn max_rel(f: impl Fn(f32) -> f32, exact: impl Fn(f64) -> f64, xs: impl Iterator<Item = f32>) -> (f64, f32) {
+    fn max_rel(
+        f: impl Fn(f32) -> f32,
+        exact: impl Fn(f64) -> f64,
+        xs: impl Iterator<Item = f32>,
+    ) -> (f64, f32) {
         let mut worst = (0.0f64, 0.0f32);
         for x in xs {
             let e = exact(x as f64);
@@ -239,7 +256,11 @@ mod tests {
         worst
     }
 
-    fn max_abs(f: impl Fn(f32) -> f32, exact: impl Fn(f64) -> f64, xs: impl Iterator<Item = f32>) -> (f64, f32) {
+    fn max_abs(
+        f: impl Fn(f32) -> f32,
+        exact: impl Fn(f64) -> f64,
+        xs: impl Iterator<Item = f32>,
+    ) -> (f64, f32) {
         let mut worst = (0.0f64, 0.0f32);
         for x in xs {
             let err = (f(x) as f64 - exact(x as f64)).abs();
@@ -275,7 +296,11 @@ mod tests {
     }
 
     fn ln_error_bound_with<const F: bool>() {
-        let (e, at) = max_rel(ln::<F>, f64::ln, sweep(1e-6, 4.0, 2_000_000).filter(|x| (x - 1.0).abs() > 1e-3));
+        let (e, at) = max_rel(
+            ln::<F>,
+            f64::ln,
+            sweep(1e-6, 4.0, 2_000_000).filter(|x| (x - 1.0).abs() > 1e-3),
+        );
         assert!(e <= 2e-7, "ln rel err {e} at {at}");
         let (e, at) = max_rel(ln::<F>, f64::ln, (0..2000).map(|i| 2f32.powi(i / 10 - 140) * 1.37));
         assert!(e <= 2e-7, "ln rel err {e} at {at} (wide range)");
@@ -336,7 +361,8 @@ mod tests {
         // Further out the f32 argument's own rounding dominates; the values are tiny.
         let (e, at) = max_abs(gelu_tanh::<F>, exact_tanh, sweep(-20.0, -5.0, 1_000_000));
         assert!(e <= 1e-10, "gelu_tanh abs err {e} at {at}");
-        let exact_erf = |x: f64| 0.5 * x * crate::cpu::erf::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
+        let exact_erf =
+            |x: f64| 0.5 * x * crate::cpu::erf::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
         let (e, at) = max_rel(gelu_erf::<F>, exact_erf, sweep(-13.0, 10.0, 2_000_000));
         assert!(e <= 1e-6, "gelu_erf rel err {e} at {at}");
         assert!(gelu_erf::<F>(f32::NAN).is_nan() && gelu_erf::<F>(f32::NEG_INFINITY).is_nan());

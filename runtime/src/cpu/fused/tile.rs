@@ -11,7 +11,6 @@ use trace_ir::{BinaryOp, ReduceOp};
 use super::io::round_bf16;
 use super::loops::{Home, Level, LoopExec, RunState, Scratch, StoreLayout, Tile};
 
-
 /// The instruction sets the tile loop is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
@@ -40,7 +39,10 @@ impl Isa {
                 {
                     return Isa::Avx512;
                 }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                if is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+                {
                     return Isa::Avx2;
                 }
             }
@@ -67,7 +69,9 @@ pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt"
+)]
 unsafe fn tile_avx512(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     tile_body::<true>(exec, rs, s, t)
 }
@@ -92,27 +96,88 @@ macro_rules! with_unary {
     ($fma:expr, $op:expr, |$f:ident| $body:expr) => {{
         use trace_ir::UnaryOp::*;
         match $op {
-            Neg => { let $f = |x: f32| -x; $body }
-            Abs => { let $f = |x: f32| x.abs(); $body }
-            Exp => { let $f = $crate::cpu::fused::math::exp::<{ $fma }>; $body }
-            Log => { let $f = $crate::cpu::fused::math::ln::<{ $fma }>; $body }
-            Sqrt => { let $f = |x: f32| x.sqrt(); $body }
-            Rsqrt => { let $f = |x: f32| 1.0 / x.sqrt(); $body }
-            Reciprocal => { let $f = |x: f32| 1.0 / x; $body }
-            Tanh => { let $f = $crate::cpu::fused::math::tanh::<{ $fma }>; $body }
-            Sigmoid => { let $f = $crate::cpu::fused::math::sigmoid::<{ $fma }>; $body }
-            Relu => { let $f = |x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 }; $body }
-            GeluErf => { let $f = $crate::cpu::fused::math::gelu_erf::<{ $fma }>; $body }
-            GeluTanh => { let $f = $crate::cpu::fused::math::gelu_tanh::<{ $fma }>; $body }
-            Silu => { let $f = $crate::cpu::fused::math::silu::<{ $fma }>; $body }
-            Sin => { let $f = |x: f32| x.sin(); $body }
-            Cos => { let $f = |x: f32| x.cos(); $body }
-            Floor => { let $f = |x: f32| x.floor(); $body }
-            Sign => {
-                let $f = |x: f32| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else if x.is_nan() { x } else { 0.0 };
+            Neg => {
+                let $f = |x: f32| -x;
                 $body
             }
-            LogicalNot => { let $f = |x: f32| (x == 0.0) as u8 as f32; $body }
+            Abs => {
+                let $f = |x: f32| x.abs();
+                $body
+            }
+            Exp => {
+                let $f = $crate::cpu::fused::math::exp::<{ $fma }>;
+                $body
+            }
+            Log => {
+                let $f = $crate::cpu::fused::math::ln::<{ $fma }>;
+                $body
+            }
+            Sqrt => {
+                let $f = |x: f32| x.sqrt();
+                $body
+            }
+            Rsqrt => {
+                let $f = |x: f32| 1.0 / x.sqrt();
+                $body
+            }
+            Reciprocal => {
+                let $f = |x: f32| 1.0 / x;
+                $body
+            }
+            Tanh => {
+                let $f = $crate::cpu::fused::math::tanh::<{ $fma }>;
+                $body
+            }
+            Sigmoid => {
+                let $f = $crate::cpu::fused::math::sigmoid::<{ $fma }>;
+                $body
+            }
+            Relu => {
+                let $f = |x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 };
+                $body
+            }
+            GeluErf => {
+                let $f = $crate::cpu::fused::math::gelu_erf::<{ $fma }>;
+                $body
+            }
+            GeluTanh => {
+                let $f = $crate::cpu::fused::math::gelu_tanh::<{ $fma }>;
+                $body
+            }
+            Silu => {
+                let $f = $crate::cpu::fused::math::silu::<{ $fma }>;
+                $body
+            }
+            Sin => {
+                let $f = |x: f32| x.sin();
+                $body
+            }
+            Cos => {
+                let $f = |x: f32| x.cos();
+                $body
+            }
+            Floor => {
+                let $f = |x: f32| x.floor();
+                $body
+            }
+            Sign => {
+                let $f = |x: f32| {
+                    if x > 0.0 {
+                        1.0
+                    } else if x < 0.0 {
+                        -1.0
+                    } else if x.is_nan() {
+                        x
+                    } else {
+                        0.0
+                    }
+                };
+                $body
+            }
+            LogicalNot => {
+                let $f = |x: f32| (x == 0.0) as u8 as f32;
+                $body
+            }
         }
     }};
 }
@@ -123,27 +188,82 @@ macro_rules! with_binary {
     ($op:expr, |$f:ident| $body:expr) => {{
         use trace_ir::BinaryOp::*;
         match $op {
-            Add => { let $f = |x: f32, y: f32| x + y; $body }
-            Sub => { let $f = |x: f32, y: f32| x - y; $body }
-            Mul => { let $f = |x: f32, y: f32| x * y; $body }
-            Div => { let $f = |x: f32, y: f32| x / y; $body }
-            Pow => { let $f = |x: f32, y: f32| x.powf(y); $body }
+            Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $body
+            }
+            Sub => {
+                let $f = |x: f32, y: f32| x - y;
+                $body
+            }
+            Mul => {
+                let $f = |x: f32, y: f32| x * y;
+                $body
+            }
+            Div => {
+                let $f = |x: f32, y: f32| x / y;
+                $body
+            }
+            Pow => {
+                let $f = |x: f32, y: f32| x.powf(y);
+                $body
+            }
             Maximum => {
-                let $f = |x: f32, y: f32| if x.is_nan() || y.is_nan() { f32::NAN } else if y > x { y } else { x };
+                let $f = |x: f32, y: f32| {
+                    if x.is_nan() || y.is_nan() {
+                        f32::NAN
+                    } else if y > x {
+                        y
+                    } else {
+                        x
+                    }
+                };
                 $body
             }
             Minimum => {
-                let $f = |x: f32, y: f32| if x.is_nan() || y.is_nan() { f32::NAN } else if y < x { y } else { x };
+                let $f = |x: f32, y: f32| {
+                    if x.is_nan() || y.is_nan() {
+                        f32::NAN
+                    } else if y < x {
+                        y
+                    } else {
+                        x
+                    }
+                };
                 $body
             }
-            Eq => { let $f = |x: f32, y: f32| (x == y) as u8 as f32; $body }
-            Ne => { let $f = |x: f32, y: f32| (x != y) as u8 as f32; $body }
-            Lt => { let $f = |x: f32, y: f32| (x < y) as u8 as f32; $body }
-            Le => { let $f = |x: f32, y: f32| (x <= y) as u8 as f32; $body }
-            Gt => { let $f = |x: f32, y: f32| (x > y) as u8 as f32; $body }
-            Ge => { let $f = |x: f32, y: f32| (x >= y) as u8 as f32; $body }
-            LogicalAnd => { let $f = |x: f32, y: f32| ((x != 0.0) & (y != 0.0)) as u8 as f32; $body }
-            LogicalOr => { let $f = |x: f32, y: f32| ((x != 0.0) | (y != 0.0)) as u8 as f32; $body }
+            Eq => {
+                let $f = |x: f32, y: f32| (x == y) as u8 as f32;
+                $body
+            }
+            Ne => {
+                let $f = |x: f32, y: f32| (x != y) as u8 as f32;
+                $body
+            }
+            Lt => {
+                let $f = |x: f32, y: f32| (x < y) as u8 as f32;
+                $body
+            }
+            Le => {
+                let $f = |x: f32, y: f32| (x <= y) as u8 as f32;
+                $body
+            }
+            Gt => {
+                let $f = |x: f32, y: f32| (x > y) as u8 as f32;
+                $body
+            }
+            Ge => {
+                let $f = |x: f32, y: f32| (x >= y) as u8 as f32;
+                $body
+            }
+            LogicalAnd => {
+                let $f = |x: f32, y: f32| ((x != 0.0) & (y != 0.0)) as u8 as f32;
+                $body
+            }
+            LogicalOr => {
+                let $f = |x: f32, y: f32| ((x != 0.0) | (y != 0.0)) as u8 as f32;
+                $body
+            }
         }
     }};
 }
@@ -366,7 +486,9 @@ fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
                         ReduceOp::Max | ReduceOp::Min => {
                             let v = extreme(xs, *op == ReduceOp::Max);
                             a.2 |= v.is_nan();
-                            if (*op == ReduceOp::Max && v > a.1) || (*op == ReduceOp::Min && v < a.1) {
+                            if (*op == ReduceOp::Max && v > a.1)
+                                || (*op == ReduceOp::Min && v < a.1)
+                            {
                                 a.1 = v;
                             }
                         }
@@ -388,7 +510,13 @@ fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
                 let v = match op {
                     ReduceOp::Sum | ReduceOp::Prod => a.0 as f32,
                     ReduceOp::Mean => (a.0 / cols as f64) as f32,
-                    ReduceOp::Max | ReduceOp::Min => if a.2 { f32::NAN } else { a.1 },
+                    ReduceOp::Max | ReduceOp::Min => {
+                        if a.2 {
+                            f32::NAN
+                        } else {
+                            a.1
+                        }
+                    }
                 };
                 s.row[exec.slot[reg]][0] = v;
                 continue;
@@ -404,7 +532,13 @@ fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
 /// The values of element-level register `r` over tile `t`, wherever they
 /// live (see [`Home`]).
 #[inline(always)]
-fn elem_of<'b>(exec: &LoopExec, rs: &'b RunState<'_>, elem: &'b [Vec<f32>], t: Tile, r: Reg) -> &'b [f32] {
+fn elem_of<'b>(
+    exec: &LoopExec,
+    rs: &'b RunState<'_>,
+    elem: &'b [Vec<f32>],
+    t: Tile,
+    r: Reg,
+) -> &'b [f32] {
     match rs.homes[r] {
         Home::Input(d) => &d[t.start..t.start + t.len],
         // SAFETY: the tile's own range of the output, which only this tile
@@ -416,7 +550,14 @@ fn elem_of<'b>(exec: &LoopExec, rs: &'b RunState<'_>, elem: &'b [Vec<f32>], t: T
 
 /// Runs instruction `reg` over tile `t`, whose rows have `cols` elements.
 #[inline(always)]
-fn exec_instr<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile, reg: usize, cols: usize) {
+fn exec_instr<const FMA: bool>(
+    exec: &LoopExec,
+    rs: &RunState<'_>,
+    s: &mut Scratch,
+    t: Tile,
+    reg: usize,
+    cols: usize,
+) {
     let level = exec.level[reg];
     let n = match level {
         Level::Elem => t.len,
