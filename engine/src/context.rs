@@ -188,10 +188,10 @@ impl Context {
                 op: "from_vec".into(),
                 len: data.len(),
                 numel: meta.numel(),
-                shape: meta.shape,
+                shape: meta.shape.to_vec(),
             });
         }
-        self.from_host(meta, T::into_host(data))
+        self.tensor_from_host(meta, T::into_host(data))
     }
 
     pub fn from_slice<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
@@ -203,7 +203,7 @@ impl Context {
         self.from_vec(vec![value], &[])
     }
 
-    pub(crate) fn from_host(&self, meta: Meta, data: HostData) -> Result<Tensor> {
+    pub(crate) fn tensor_from_host(&self, meta: Meta, data: HostData) -> Result<Tensor> {
         let buffer = self.shared.backend.upload(meta.clone(), data)?;
         Ok(Tensor(TensorInner::new(self.shared.clone(), meta, Cell::Ready(buffer))))
     }
@@ -377,13 +377,13 @@ impl Shared {
         });
         match bad {
             None => Ok(()),
-            Some((index, kind)) => Err(Error::NonFinite {
+            Some((index, kind)) => Err(Error::NonFinite(Box::new(trace_ir::NonFinite {
                 op: op.name().into(),
                 kind,
                 index,
                 in_shapes: inputs.iter().map(|m| m.shape.clone()).collect(),
-                out_shape: out.meta().shape.clone(),
-            }),
+                out_shape: out.meta().shape.to_vec(),
+            }))),
         }
     }
 }

@@ -30,6 +30,6 @@ impl Tensor {
             return Ok(Tensor(inner));
         }
         let data = self.0.ctx.backend.download(&buffer)?;
-        ctx.from_host(self.0.meta.clone(), data)
+        ctx.tensor_from_host(self.0.meta.clone(), data)
     }
 }

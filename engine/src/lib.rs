@@ -30,6 +30,8 @@ mod pending;
 pub mod pipeline;
 mod stream;
 mod tensor;
+#[cfg(feature = "workloads")]
+pub mod workloads;
 
 pub use backend_select::BackendKind;
 pub use config::{Config, DebugChecks, FusedRounding, Mode};

@@ -109,7 +109,7 @@ impl ScalarOrTensor {
             {
                 ctx.full(s.as_f64(), &[], dtype)
             }
-            ScalarOrTensor::Scalar(s) => ctx.from_host(
+            ScalarOrTensor::Scalar(s) => ctx.tensor_from_host(
                 Meta::new(Shape::new(), dtype),
                 runtime::HostData::filled(dtype, s.as_f64(), 1),
             ),

@@ -141,6 +141,9 @@ impl Entry {
     }
 }
 
+/// Compiled executables by program fingerprint.
+type Executables = AHashMap<Arc<[u8]>, Arc<dyn Executable>>;
+
 pub(crate) struct Pipeline {
     backend: Arc<dyn Backend>,
     rewrite: RewriteConfig,
@@ -148,7 +151,8 @@ pub(crate) struct Pipeline {
     /// Tier 1. Each entry also holds its executable, so a hit (every op of
     /// Strict after the first) costs one signature and one lookup.
     programs: Mutex<AHashMap<(Preparation, Signature), Entry>>,
-    executables: Mutex<AHashMap<Arc<[u8]>, Arc<dyn Executable>>>,
+    /// Tier 2, keyed by the program's fingerprint.
+    executables: Mutex<Executables>,
     disk: Option<DiskCache>,
     counters: Counters,
     /// While fusion dumps are on, the graph of the last fused preparation

@@ -97,8 +97,8 @@ fn debug_mode_names_the_op_and_first_bad_index() {
     let x = ctx.from_vec(vec![1.0f32, 4.0, -1.0, -2.0], &[2, 2]).unwrap();
     let err = x.log().unwrap_err();
     match &err {
-        Error::NonFinite { op, kind, index, .. } => {
-            assert_eq!((op.as_str(), *kind, *index), ("log", "NaN", 2));
+        Error::NonFinite(at) => {
+            assert_eq!((at.op.as_str(), at.kind, at.index), ("log", "NaN", 2));
         }
         other => panic!("expected NonFinite, got {other:?}"),
     }

@@ -67,8 +67,8 @@ fn a_fused_step_writes_into_inputs_nobody_else_holds() {
     let mut expected = [copy(&state[0]), copy(&state[1])];
     let grad_ref = copy(&grad);
     let step = |[p, m]: [Tensor; 2], g: &Tensor| -> [Tensor; 2] {
-        let m = m.mul(0.9).unwrap().add(&g.mul(0.1).unwrap()).unwrap();
-        let p = p.sub(&m.mul(0.01).unwrap()).unwrap();
+        let m = m.mul(0.9).unwrap().add(g.mul(0.1).unwrap()).unwrap();
+        let p = p.sub(m.mul(0.01).unwrap()).unwrap();
         [p, m]
     };
     ctx.sync().unwrap();

@@ -68,11 +68,11 @@ fn apply(ctx: &Context, pool: &[Tensor], s: &Step) -> Result<Tensor> {
         21 => a.abs()?.rsqrt(),
         22 => a.sin()?.add(&a.cos()?),
         23 => a.floor()?.sign(),
-        24 => a.sum(&[s.arg], s.b % 2 == 0),
-        25 => a.mean(&[s.arg], s.b % 2 == 0),
+        24 => a.sum(&[s.arg], s.b.is_multiple_of(2)),
+        25 => a.mean(&[s.arg], s.b.is_multiple_of(2)),
         26 => a.max(&[s.arg], false),
         27 => a.prod(&[], false),
-        28 => a.argmax(Some(s.arg), s.b % 2 == 0),
+        28 => a.argmax(Some(s.arg), s.b.is_multiple_of(2)),
         29 => a.to_dtype(DType::BF16)?.to_dtype(DType::F32),
         30 => a.to_dtype(DType::I32),
         31 => a.t(),
@@ -89,12 +89,10 @@ fn apply(ctx: &Context, pool: &[Tensor], s: &Step) -> Result<Tensor> {
 
 /// Runs a program and returns, per step, either the error text or the value
 /// of every pool tensor read at the end, as exact bits.
-fn run(
-    mode: Mode,
-    max_pending_ops: usize,
-    steps: &[Step],
-    drop_every: usize,
-) -> Vec<std::result::Result<(Vec<usize>, DType, Vec<u32>), String>> {
+/// What one step left: the shape, dtype and bits of its result, or its error.
+type Outcome = std::result::Result<(Vec<usize>, DType, Vec<u32>), String>;
+
+fn run(mode: Mode, max_pending_ops: usize, steps: &[Step], drop_every: usize) -> Vec<Outcome> {
     let ctx = context(mode, max_pending_ops);
     let mut pool = vec![
         ctx.randn(&[4, 3], DType::F32, 1).unwrap(),

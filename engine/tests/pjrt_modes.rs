@@ -273,8 +273,8 @@ fn donated_state_keeps_results_right_and_held_inputs_readable() {
         let held = if keep_first { Some(first_p) } else { None };
         let mut seen = Vec::new();
         for _ in 0..4 {
-            let new_m = m.mul(0.9).unwrap().add(&g.mul(0.1).unwrap()).unwrap();
-            let new_p = p.sub(&new_m.mul(0.001).unwrap()).unwrap();
+            let new_m = m.mul(0.9).unwrap().add(g.mul(0.1).unwrap()).unwrap();
+            let new_p = p.sub(new_m.mul(0.001).unwrap()).unwrap();
             (p, m) = (new_p, new_m);
             ctx.sync().unwrap();
             seen.push(p.to_vec::<f32>().unwrap());

@@ -35,9 +35,6 @@
 //! - [`optimize`](mod@optimize): the driver, its limits and its report.
 
 #![warn(missing_docs)]
-// `trace_ir::Error` is the project's one error type, returned by value
-// everywhere; this crate follows it rather than boxing it at its boundary.
-#![allow(clippy::result_large_err)]
 
 pub mod algebraic;
 pub mod analysis;

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use rewrite_rules::program::Program;
 use trace_ir::{Meta, Result};
 
-use crate::buffer::{Buffer, HostData};
+use crate::buffer::Buffer;
+use crate::host_data::HostData;
 use crate::memory::MemoryTracker;
 
 /// A compiled program, ready to run many times on new inputs.

@@ -1,73 +1,11 @@
-//! Host data and backend buffers.
+//! Backend buffers: host data or a device backend's bytes, with their lease
+//! on the memory tracker.
 
-use half::{bf16, f16};
 use std::sync::Arc;
-use trace_ir::{DType, Meta};
+use trace_ir::Meta;
 
+use crate::host_data::HostData;
 use crate::memory::{Lease, MemoryTracker};
-
-/// Typed element storage on the host.
-#[derive(Debug, Clone, PartialEq)]
-pub enum HostData {
-    Bool(Vec<bool>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    BF16(Vec<bf16>),
-    F16(Vec<f16>),
-    F32(Vec<f32>),
-}
-
-impl HostData {
-    pub fn dtype(&self) -> DType {
-        match self {
-            HostData::Bool(_) => DType::Bool,
-            HostData::I32(_) => DType::I32,
-            HostData::I64(_) => DType::I64,
-            HostData::BF16(_) => DType::BF16,
-            HostData::F16(_) => DType::F16,
-            HostData::F32(_) => DType::F32,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        match self {
-            HostData::Bool(v) => v.len(),
-            HostData::I32(v) => v.len(),
-            HostData::I64(v) => v.len(),
-            HostData::BF16(v) => v.len(),
-            HostData::F16(v) => v.len(),
-            HostData::F32(v) => v.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Every element widened to f64 (exact for all our dtypes but large i64).
-    pub fn to_f64_vec(&self) -> Vec<f64> {
-        match self {
-            HostData::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
-            HostData::I32(v) => v.iter().map(|&x| x as f64).collect(),
-            HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
-            HostData::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
-            HostData::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
-            HostData::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        }
-    }
-
-    /// `len` copies of `value` converted to `dtype` (as a cast would).
-    pub fn filled(dtype: DType, value: f64, len: usize) -> HostData {
-        match dtype {
-            DType::Bool => HostData::Bool(vec![value != 0.0; len]),
-            DType::I32 => HostData::I32(vec![value as i32; len]),
-            DType::I64 => HostData::I64(vec![value as i64; len]),
-            DType::BF16 => HostData::BF16(vec![bf16::from_f64(value); len]),
-            DType::F16 => HostData::F16(vec![f16::from_f64(value); len]),
-            DType::F32 => HostData::F32(vec![value as f32; len]),
-        }
-    }
-}
 
 /// Bytes a device backend holds (a PJRT device buffer). Only the backend
 /// that made them can read them; it downcasts through [`DeviceData::as_any`].

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 /// Counts the bytes of every buffer a backend allocates for one context.
 ///

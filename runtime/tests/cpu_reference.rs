@@ -1,7 +1,5 @@
 //! The CPU reference backend against values computed by hand.
 
-#![allow(clippy::result_large_err)]
-
 use std::sync::Arc;
 
 use half::bf16;

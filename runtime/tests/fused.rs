@@ -11,8 +11,6 @@
 //!
 //! Values that are NaN in one are NaN in the other.
 
-#![allow(clippy::result_large_err)]
-
 use rewrite_rules::planner::{plan, PlanConfig, Rounding};
 use rewrite_rules::program::{KernelKind, Program};
 use runtime::{Backend, CpuBackend, HostData, MemoryTracker};

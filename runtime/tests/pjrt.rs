@@ -3,7 +3,6 @@
 //! native CPU backend.
 
 #![cfg(feature = "pjrt")]
-#![allow(clippy::result_large_err)]
 
 mod pjrt_common;
 
@@ -379,8 +378,8 @@ fn compile_cache_and_serialization() {
     let y = t.push(Op::Unary { kind: UnaryOp::Tanh }, &[x]).unwrap();
     t.outputs = vec![y];
     let input = data(&meta(&[8], DType::F32), 19, -1.0, 1.0);
-    let a = run_on(&be, &t, &[input.clone()]).unwrap();
-    let b = run_on(&be, &t, &[input.clone()]).unwrap();
+    let a = run_on(&be, &t, std::slice::from_ref(&input)).unwrap();
+    let b = run_on(&be, &t, std::slice::from_ref(&input)).unwrap();
     assert_eq!(a, b);
     // Each run uploads its input and holds it alone, so the run donates it:
     // the module and its donating variant compile once each, then both hit.

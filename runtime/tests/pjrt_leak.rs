@@ -53,7 +53,7 @@ fn ten_thousand_device_resident_runs_do_not_grow_rss() {
         let mut outs = exe.run(vec![state.clone(), weight.clone()]).unwrap();
         let sums = outs.pop().unwrap();
         *state = outs.pop().unwrap();
-        if i % 100 == 0 {
+        if i.is_multiple_of(100) {
             assert_eq!(be.download(&sums).unwrap().len(), 64);
         }
     };

@@ -24,7 +24,7 @@ pub enum Error {
 
     /// Host data whose length does not match the shape it was given.
     #[error("{op}: {len} values cannot fill shape {shape:?} ({numel} elements)")]
-    DataLength { op: String, len: usize, shape: Shape, numel: usize },
+    DataLength { op: String, len: usize, shape: Vec<usize>, numel: usize },
 
     /// An environment variable or configuration value that is not valid.
     #[error("{var}={value:?} is not valid; valid values: {valid}")]
@@ -35,18 +35,17 @@ pub enum Error {
     InvalidTrace(String),
 
     /// Debug mode found a NaN or an infinity in an op's output.
-    #[error("{op}: output has {kind} at flat index {index} (input shapes {}, output shape {out_shape:?})", fmt_shapes(in_shapes))]
-    NonFinite {
-        op: String,
-        kind: &'static str,
-        index: usize,
-        in_shapes: Vec<Shape>,
-        out_shape: Shape,
-    },
+    #[error("{0}")]
+    NonFinite(Box<NonFinite>),
 
     /// A backend failed while compiling or running a program.
     #[error("backend {backend}: {msg}")]
     Backend { backend: String, msg: String },
+
+    /// An invariant of deferfuse itself did not hold: a bug, not a problem
+    /// with the caller's input or the backend.
+    #[error("internal error in {component}: {msg}; this is a bug in deferfuse, please report it")]
+    Internal { component: &'static str, msg: String },
 
     /// A value was read from a tensor whose computation failed earlier.
     #[error("tensor is poisoned by an earlier failure: {0}")]
@@ -55,6 +54,20 @@ pub enum Error {
     /// An I/O failure (cache files, dumps).
     #[error("{context}: {msg}")]
     Io { context: String, msg: String },
+}
+
+/// Where Debug mode found a NaN or an infinity ([`Error::NonFinite`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "{op}: output has {kind} at flat index {index} (input shapes {}, output shape {out_shape:?})",
+    fmt_shapes(in_shapes)
+)]
+pub struct NonFinite {
+    pub op: String,
+    pub kind: &'static str,
+    pub index: usize,
+    pub in_shapes: Vec<Shape>,
+    pub out_shape: Vec<usize>,
 }
 
 impl Error {
@@ -73,6 +86,10 @@ impl Error {
     }
     pub fn backend(backend: &str, msg: impl Into<String>) -> Self {
         Error::Backend { backend: backend.into(), msg: msg.into() }
+    }
+    /// A broken invariant of `component` ([`Error::Internal`]).
+    pub fn internal(component: &'static str, msg: impl Into<String>) -> Self {
+        Error::Internal { component, msg: msg.into() }
     }
     pub fn io(context: impl Into<String>, err: impl std::fmt::Display) -> Self {
         Error::Io { context: context.into(), msg: err.to_string() }

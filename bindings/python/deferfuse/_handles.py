@@ -227,7 +227,7 @@ def from_cpu_value(c: torch.Tensor) -> Value:
     if dtype is None:
         return c.detach().clone().contiguous()
     c = c.detach().contiguous()
-    return _state.engine().from_address(c.data_ptr(), list(c.shape), dtype)
+    return _state.engine().tensor_from_address(c.data_ptr(), list(c.shape), dtype)
 
 
 def to_cpu(t: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use smallvec::SmallVec;
 use trace_ir::shape::numel;
 
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 /// Element strides of a view.
 pub(crate) type Strides = SmallVec<[usize; 6]>;

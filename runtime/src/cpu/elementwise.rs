@@ -11,7 +11,7 @@ use super::elem::{
     build, by_any, by_dtype, for_chunks, map_new, map_same, typed, walk, Elem, Input, Src, View,
 };
 use super::erf::erfc;
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 fn unsupported(op: &str, dtype: DType) -> Error {
     Error::dtype(op, "input dtype not supported by the cpu backend", &[dtype])

@@ -5,7 +5,7 @@ use trace_ir::shape::numel;
 use trace_ir::{Error, Result};
 
 use super::elem::{broadcast, build, by_any, row_major, typed, walk, Elem, Strides};
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 /// `out[i] = data[base + sum_d idx_d(i) * strides[d]]` over `out_shape`.
 fn gather<T: Elem>(data: &[T], out_shape: &[usize], strides: &Strides, base: usize) -> Vec<T> {

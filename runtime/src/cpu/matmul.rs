@@ -11,7 +11,7 @@ use trace_ir::shape::numel;
 use trace_ir::{Error, Result};
 
 use super::elem::{broadcast, map_new, walk, Strides};
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 /// Products with more multiply-adds than this use rayon.
 const PAR_FLOPS: usize = 1 << 20;

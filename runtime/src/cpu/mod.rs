@@ -36,7 +36,8 @@ use trace_ir::{Error, Meta, Op, Result};
 pub use elementwise::{gelu_erf, gelu_tanh, int_pow, sigmoid};
 
 use crate::backend::{Backend, Executable};
-use crate::buffer::{Buffer, HostData};
+use crate::buffer::Buffer;
+use crate::host_data::HostData;
 use crate::memory::{Lease, MemoryTracker};
 use elem::Src;
 
@@ -67,21 +68,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
-        if data.dtype() != meta.dtype {
-            return Err(Error::dtype(
-                "upload",
-                "data dtype differs from the buffer's",
-                &[meta.dtype, data.dtype()],
-            ));
-        }
-        if data.len() != meta.numel() {
-            return Err(Error::DataLength {
-                op: "upload".into(),
-                len: data.len(),
-                shape: meta.shape.clone(),
-                numel: meta.numel(),
-            });
-        }
+        data.check_fits("upload", &meta)?;
         Ok(Arc::new(Buffer::host(meta, data, &self.tracker)))
     }
 

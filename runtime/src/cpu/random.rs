@@ -25,7 +25,7 @@ use half::{bf16, f16};
 use trace_ir::{DType, Distribution, Error, Result};
 
 use super::elem::build;
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 

@@ -10,7 +10,7 @@ use trace_ir::shape::numel;
 use trace_ir::{ArgReduceOp, Error, ReduceOp, Result};
 
 use super::elem::{build, by_dtype, row_major, typed, walk, Elem, Strides, CHUNK, PAR_THRESHOLD};
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 /// The input split into kept dimensions (which index the output, in order)
 /// and reduced ones, each with the input's strides.

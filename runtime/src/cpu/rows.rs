@@ -16,7 +16,7 @@ use trace_ir::{Error, Op, Result};
 
 use super::elem::{build, by_dtype, row_major, typed, walk, Elem, Strides};
 use super::reduce::{fold_rows, Plan};
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 fn fmax(a: f32, x: f32) -> f32 {
     if a.is_nan() || x.is_nan() {

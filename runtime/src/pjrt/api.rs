@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use trace_ir::{DType, Error, Result};
 
 use super::ffi::{self, struct_size, ErrPtr, PjrtApi};
-use crate::buffer::HostData;
+use crate::host_data::HostData;
 
 pub(crate) fn err(msg: impl Into<String>) -> Error {
     Error::backend("pjrt", msg)

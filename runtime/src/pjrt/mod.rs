@@ -39,7 +39,8 @@ pub use api::{Client, DeviceBuffer, LoadedExecutable, Plugin};
 pub use lower::{lower, lower_with, LowerOptions, Lowered};
 
 use crate::backend::{ArtifactStore, Backend, BackendStats, Executable};
-use crate::buffer::{Buffer, HostData, Storage};
+use crate::buffer::{Buffer, Storage};
+use crate::host_data::HostData;
 use crate::memory::MemoryTracker;
 use api::err;
 
@@ -585,21 +586,7 @@ impl Backend for PjrtBackend {
 
     /// Copies `data` to the device; the buffer stays there.
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
-        if data.dtype() != meta.dtype {
-            return Err(Error::dtype(
-                "upload",
-                "data dtype differs from the buffer's",
-                &[meta.dtype, data.dtype()],
-            ));
-        }
-        if data.len() != meta.numel() {
-            return Err(Error::DataLength {
-                op: "upload".into(),
-                len: data.len(),
-                shape: meta.shape.clone(),
-                numel: meta.numel(),
-            });
-        }
+        data.check_fits("upload", &meta)?;
         let c = &self.compiler;
         if let (true, Some(bits)) = (meta.shape.is_empty(), scalar_bits(&data)) {
             let key = (meta.dtype, bits);

@@ -12,9 +12,10 @@ use trace_ir::{DType, Error, Meta, Result, Shape};
 
 use super::io::{bf16_to_f32, f32_to_bf16_bits};
 use super::loops::{view_geometry, LoopExec};
-use crate::buffer::{Buffer, HostData};
+use crate::buffer::Buffer;
 use crate::cpu::elem::{walk, Strides};
 use crate::cpu::{check_alloc, host, internal};
+use crate::host_data::HostData;
 use crate::memory::{Lease, MemoryTracker};
 
 /// A matrix-product kernel ready to run.

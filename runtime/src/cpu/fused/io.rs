@@ -6,8 +6,8 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use crate::buffer::HostData;
 use crate::cpu::elem::{walk, Strides};
+use crate::host_data::HostData;
 
 /// Typed input data.
 #[derive(Clone, Copy)]

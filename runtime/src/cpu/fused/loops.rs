@@ -17,9 +17,10 @@ use trace_ir::{DType, Meta, ReduceOp, Result, Shape};
 
 use super::io::{alloc_output, Access, Data, Donated, Dst};
 use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
-use crate::buffer::{Buffer, HostData};
+use crate::buffer::Buffer;
 use crate::cpu::elem::{row_major, Strides};
 use crate::cpu::{check_alloc, host, internal};
+use crate::host_data::HostData;
 use crate::memory::MemoryTracker;
 
 /// Elements per tile: a handful of f32 registers of this size stay in L1/L2.
