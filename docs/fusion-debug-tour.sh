@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the fusion-debug walkthrough of the README: dumps of the
+# Regenerates the fusion-debug walkthrough of docs/fusion-debug.md: dumps of the
 # transformer block at batch 2 (`--quick`) and batch 8 (two processes), dumps
 # of one process running an MLP block at batches 2, 8, 32 and 1 (the
 # batch_sizes example), the answers, and docs/fusion-debug-transformer.png (a
