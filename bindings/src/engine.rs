@@ -39,7 +39,12 @@ impl PyEngine {
 
     /// A tensor holding a copy of the `numel` elements of `dtype` at `addr`
     /// (the data pointer of a contiguous CPU tensor the caller keeps alive).
-    fn tensor_from_address(&self, addr: usize, shape: Vec<usize>, dtype: &str) -> PyResult<PyTensor> {
+    fn tensor_from_address(
+        &self,
+        addr: usize,
+        shape: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<PyTensor> {
         let dtype = parse_dtype(dtype)?;
         let numel = shape.iter().product();
         // SAFETY: the Python caller passes the data pointer of a live,

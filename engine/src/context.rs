@@ -238,7 +238,7 @@ impl Shared {
                 let buffers =
                     inputs.iter().map(|t| self.materialize(&t.0)).collect::<Result<Vec<_>>>()?;
                 let input_metas: Vec<Meta> = metas.into_iter().cloned().collect();
-                let trace = single_op_trace(&op, &input_metas)?;
+                let trace = Trace::single_op(&op, &input_metas)?;
                 let (exe, _) = self.pipeline.executable(&trace, Preparation::Unfused)?;
                 let out = exe
                     .run(buffers)?
@@ -386,13 +386,4 @@ impl Shared {
             }))),
         }
     }
-}
-
-/// The trace of one op on fresh parameters: what Strict and Debug compile.
-pub(crate) fn single_op_trace(op: &Op, inputs: &[Meta]) -> Result<Trace> {
-    let mut trace = Trace::new();
-    let params: Vec<_> = inputs.iter().map(|m| trace.push_parameter(m.clone())).collect();
-    let out = trace.push(op.clone(), &params)?;
-    trace.outputs.push(out);
-    Ok(trace)
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use runtime::Backend;
 use trace_ir::{Error, Result};
 
-use crate::context::single_op_trace;
 use crate::pipeline::{Pipeline, Preparation};
 use crate::tensor::TensorInner;
 use trace_ir::Op;
@@ -67,7 +66,7 @@ fn run_job(
 ) -> Result<Arc<runtime::Buffer>> {
     let buffers = inputs.iter().map(|t| t.wait_buffer()).collect::<Result<Vec<_>>>()?;
     let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();
-    let trace = single_op_trace(op, &metas)?;
+    let trace = trace_ir::Trace::single_op(op, &metas)?;
     let (exe, _) = pipeline.executable(&trace, Preparation::Unfused)?;
     let mut out = exe.run(buffers)?;
     out.pop().ok_or_else(|| Error::backend(backend.name(), "program returned no output"))

@@ -44,6 +44,16 @@ impl Trace {
     }
 
     /// Appends an op after checking it against its inputs.
+    /// The trace of one op on fresh parameters, its result the one output:
+    /// what Strict and Debug compile for each op.
+    pub fn single_op(op: &Op, inputs: &[Meta]) -> Result<Trace> {
+        let mut trace = Trace::new();
+        let params: Vec<_> = inputs.iter().map(|m| trace.push_parameter(m.clone())).collect();
+        let out = trace.push(op.clone(), &params)?;
+        trace.outputs.push(out);
+        Ok(trace)
+    }
+
     pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
         if let Some(&bad) = inputs.iter().find(|&&i| i >= self.nodes.len()) {
             return Err(Error::InvalidTrace(format!(
