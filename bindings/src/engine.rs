@@ -93,19 +93,46 @@ impl PyEngine {
         tensor.inner.context().same_as(&self.ctx)
     }
 
-    /// Counters of this context: ops recorded, flushes, cache hits and misses.
+    /// Counters of this context as nested dicts of numbers: ops recorded,
+    /// flushes, each cache tier's hits and misses and the phase times, the
+    /// backend's counters, memory, and the size of the last flush.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.ctx.stats();
-        let d = PyDict::new(py);
-        d.set_item("ops_recorded", s.ops_recorded)?;
-        d.set_item("flushes", s.flushes)?;
-        d.set_item("cache", format!("{:?}", s.cache))?;
-        let m = self.ctx.memory();
-        d.set_item("memory", format!("{m:?}"))?;
+        let value = serde_json::to_value(self.ctx.stats())
+            .map_err(|e| to_py(deferfuse::Error::internal("stats", e.to_string())))?;
+        let d = json_to_py(py, &value)?.downcast_into::<PyDict>()?;
         if let Some(f) = self.ctx.last_flush() {
             d.set_item("last_flush_kernels", f.kernels)?;
             d.set_item("last_flush_nodes", f.trace_nodes)?;
         }
         Ok(d)
     }
+}
+
+/// A JSON value as the Python object `json.loads` would make of it.
+fn json_to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.into_pyobject(py)?.into_any(),
+            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = pyo3::types::PyList::empty(py);
+            for item in items {
+                list.append(json_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let d = PyDict::new(py);
+            for (k, v) in map {
+                d.set_item(k, json_to_py(py, v)?)?;
+            }
+            d.into_any()
+        }
+    })
 }

@@ -1,4 +1,4 @@
-//! Which backend a context runs on: `TORCH_TPU_BACKEND=cpu|pjrt`.
+//! Creates the backend a [`Config`] asks for (`TORCH_TPU_BACKEND=cpu|pjrt`).
 //!
 //! - `cpu` (the default): the native CPU backend and its fused kernels;
 //! - `pjrt`: a PJRT plugin (`TORCH_TPU_PJRT_PLUGIN`, else libtpu, else XLA's
@@ -14,52 +14,7 @@ use std::sync::Arc;
 use runtime::{Backend, CpuBackend, MemoryTracker};
 use trace_ir::{Error, Result};
 
-use crate::config::Config;
-
-/// Selects the backend.
-pub const ENV_BACKEND: &str = "TORCH_TPU_BACKEND";
-/// Names the PJRT plugin library explicitly.
-pub const ENV_PJRT_PLUGIN: &str = "TORCH_TPU_PJRT_PLUGIN";
-
-/// The backends a context can run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum BackendKind {
-    /// The native CPU backend.
-    #[default]
-    Cpu,
-    /// A PJRT plugin (needs the `pjrt` feature).
-    Pjrt,
-}
-
-impl BackendKind {
-    pub const ALL: [BackendKind; 2] = [BackendKind::Cpu, BackendKind::Pjrt];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Cpu => "cpu",
-            BackendKind::Pjrt => "pjrt",
-        }
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for BackendKind {
-    type Err = Error;
-    /// Case-insensitive; anything else is an error that lists the valid values.
-    fn from_str(s: &str) -> Result<BackendKind> {
-        let lower = s.trim().to_ascii_lowercase();
-        BackendKind::ALL.into_iter().find(|b| b.name() == lower).ok_or_else(|| Error::Config {
-            var: ENV_BACKEND.into(),
-            value: s.into(),
-            valid: "cpu, pjrt (case-insensitive)".into(),
-        })
-    }
-}
+use crate::config::{BackendKind, Config};
 
 /// The folder, under the cache directory, of serialized PJRT executables.
 pub const PJRT_EXECUTABLES_DIR: &str = "pjrt-executables";
@@ -100,7 +55,7 @@ fn pjrt(
 #[cfg(not(feature = "pjrt"))]
 fn pjrt(_: Option<&PathBuf>, _: &Config, _: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
     Err(Error::Config {
-        var: ENV_BACKEND.into(),
+        var: crate::config::ENV_BACKEND.into(),
         value: "pjrt".into(),
         valid: "cpu (this build of deferfuse has no PJRT backend; build it with `--features pjrt`)"
             .into(),
@@ -115,18 +70,5 @@ impl runtime::ArtifactStore for crate::disk_cache::DiskCache {
 
     fn put(&self, key: &[u8], bytes: &[u8]) {
         crate::disk_cache::DiskCache::put(self, key, bytes)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_parse_and_bad_ones_list_the_valid_values() {
-        assert_eq!("cpu".parse::<BackendKind>().unwrap(), BackendKind::Cpu);
-        assert_eq!(" PJRT ".parse::<BackendKind>().unwrap(), BackendKind::Pjrt);
-        let e = "tpu".parse::<BackendKind>().unwrap_err().to_string();
-        assert!(e.contains(ENV_BACKEND) && e.contains("tpu") && e.contains("cpu, pjrt"), "{e}");
     }
 }

@@ -126,6 +126,68 @@ fn parse_rounding(s: &str) -> Result<FusedRounding> {
 /// op (`off`), to bisect a numerical difference.
 pub const ENV_FUSION: &str = "TORCH_TPU_FUSION";
 
+/// Selects the backend.
+pub const ENV_BACKEND: &str = "TORCH_TPU_BACKEND";
+/// Names the PJRT plugin library explicitly.
+pub const ENV_PJRT_PLUGIN: &str = "TORCH_TPU_PJRT_PLUGIN";
+
+/// The backends a context can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackendKind {
+    /// The native CPU backend.
+    #[default]
+    Cpu,
+    /// A PJRT plugin (needs the `pjrt` feature).
+    Pjrt,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 2] = [BackendKind::Cpu, BackendKind::Pjrt];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Pjrt => "pjrt",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = Error;
+    /// Case-insensitive; anything else is an error that lists the valid values.
+    fn from_str(s: &str) -> Result<BackendKind> {
+        let lower = s.trim().to_ascii_lowercase();
+        BackendKind::ALL.into_iter().find(|b| b.name() == lower).ok_or_else(|| Error::Config {
+            var: ENV_BACKEND.into(),
+            value: s.into(),
+            valid: "cpu, pjrt (case-insensitive)".into(),
+        })
+    }
+}
+
+/// Set to 1 to run the native CPU backend's fused kernels on their portable
+/// (scalar) path instead of AVX2/AVX-512, to bisect a numerical difference.
+pub const ENV_NO_SIMD: &str = "TORCH_TPU_NO_SIMD";
+
+/// An on/off switch: `on`, `1`, `true` or `off`, `0`, `false` (any case).
+fn parse_switch(var: &str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        _ => Err(Error::Config {
+            var: var.into(),
+            value: value.into(),
+            valid: "on, off (or 1, 0; true, false)".into(),
+        }),
+    }
+}
+
 /// Everything a [`crate::Context`] is configured with.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -136,13 +198,16 @@ pub struct Config {
     pub fused_rounding: FusedRounding,
     /// DeferAndFuse rewrites and fuses its traces (on by default).
     pub fusion: bool,
+    /// The native CPU backend's fused kernels use SIMD (AVX2/AVX-512) where
+    /// the CPU has it (on by default; `TORCH_TPU_NO_SIMD` turns it off).
+    pub simd: bool,
     /// Limits and rule sets of the e-graph rewrites.
     pub rewrite: rewrite_rules::RewriteConfig,
     /// The on-disk cache directory; `None` disables it.
     pub cache_dir: Option<std::path::PathBuf>,
     pub cache_bytes: u64,
     /// The backend (`TORCH_TPU_BACKEND`, native CPU by default).
-    pub backend: crate::backend_select::BackendKind,
+    pub backend: BackendKind,
     /// The PJRT plugin library (`TORCH_TPU_PJRT_PLUGIN`); `None` searches.
     pub pjrt_plugin: Option<std::path::PathBuf>,
     /// Where flushes write fusion dumps ([`crate::dump`]); `None` writes none.
@@ -157,10 +222,11 @@ impl Default for Config {
             debug_checks: DebugChecks::default(),
             fused_rounding: FusedRounding::Once,
             fusion: true,
+            simd: true,
             rewrite: rewrite_rules::RewriteConfig::default(),
             cache_dir: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
-            backend: crate::backend_select::BackendKind::Cpu,
+            backend: BackendKind::Cpu,
             pjrt_plugin: None,
             fusion_dump: None,
         }
@@ -225,17 +291,10 @@ impl Config {
             config.fused_rounding = parse_rounding(&v)?;
         }
         if let Some(v) = get(ENV_FUSION) {
-            config.fusion = match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => true,
-                "off" | "0" | "false" => false,
-                _ => {
-                    return Err(Error::Config {
-                        var: ENV_FUSION.into(),
-                        value: v.clone(),
-                        valid: "on, off".into(),
-                    })
-                }
-            };
+            config.fusion = parse_switch(ENV_FUSION, &v)?;
+        }
+        if let Some(v) = get(ENV_NO_SIMD) {
+            config.simd = !parse_switch(ENV_NO_SIMD, &v)?;
         }
         config.cache_dir = match get(ENV_CACHE_DIR) {
             Some(v) if v.trim().eq_ignore_ascii_case("off") => None,
@@ -249,14 +308,25 @@ impl Config {
                 valid: "a number of bytes".into(),
             })?;
         }
-        if let Some(v) = get(crate::backend_select::ENV_BACKEND) {
+        if let Some(v) = get(ENV_BACKEND) {
             config.backend = v.parse()?;
         }
-        config.pjrt_plugin = get(crate::backend_select::ENV_PJRT_PLUGIN)
-            .filter(|v| !v.trim().is_empty())
-            .map(Into::into);
+        config.pjrt_plugin = get(ENV_PJRT_PLUGIN).filter(|v| !v.trim().is_empty()).map(Into::into);
         config.fusion_dump =
             get(ENV_FUSION_DUMP).filter(|v| !v.trim().is_empty()).map(|v| v.trim().into());
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_bad_ones_list_the_valid_values() {
+        assert_eq!("cpu".parse::<BackendKind>().unwrap(), BackendKind::Cpu);
+        assert_eq!(" PJRT ".parse::<BackendKind>().unwrap(), BackendKind::Pjrt);
+        let e = "tpu".parse::<BackendKind>().unwrap_err().to_string();
+        assert!(e.contains(ENV_BACKEND) && e.contains("tpu") && e.contains("cpu, pjrt"), "{e}");
     }
 }

@@ -33,8 +33,9 @@ pub(crate) struct Shared {
     dumps: Option<Dumps>,
 }
 
-/// Counters of one context, read through [`Context::stats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters of one context, read through [`Context::stats`]. Serializes to
+/// nested maps of numbers (the binding's `deferfuse.stats()` is this).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EngineStats {
     /// Primitive ops recorded (composites count each primitive they use).
     pub ops_recorded: u64,
@@ -44,6 +45,8 @@ pub struct EngineStats {
     /// Compiles, executables loaded from disk and host/device transfers, as
     /// the backend counts them (the PJRT backend does; the native one does not).
     pub backend: runtime::BackendStats,
+    /// Live and peak bytes of this context's buffers.
+    pub memory: MemoryStats,
 }
 
 /// What one DeferAndFuse flush ran: read it with [`Context::last_flush`].
@@ -162,6 +165,7 @@ impl Context {
             flushes: self.shared.flushes.load(Ordering::Relaxed),
             cache: self.shared.pipeline.stats(),
             backend: self.shared.backend.stats(),
+            memory: self.memory(),
         }
     }
 

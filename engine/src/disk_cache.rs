@@ -30,7 +30,7 @@ pub struct DiskCache {
 }
 
 /// Counters of the disk cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DiskCacheStats {
     pub hits: u64,
     pub misses: u64,

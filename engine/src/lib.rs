@@ -33,8 +33,7 @@ mod tensor;
 #[cfg(feature = "workloads")]
 pub mod workloads;
 
-pub use backend_select::BackendKind;
-pub use config::{Config, DebugChecks, FusedRounding, Mode};
+pub use config::{BackendKind, Config, DebugChecks, FusedRounding, Mode};
 pub use context::{Context, EngineStats, FlushReport};
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};

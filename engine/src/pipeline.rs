@@ -37,7 +37,7 @@ pub enum Preparation {
 }
 
 /// Hits and misses of one cache tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
     pub hits: u64,
     pub misses: u64,
@@ -45,7 +45,7 @@ pub struct TierStats {
 
 /// Counters and phase times of a context's caches, read through
 /// [`crate::Context::stats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
     /// Signature → program.
     pub tier1: TierStats,

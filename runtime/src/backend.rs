@@ -63,7 +63,7 @@ pub trait Backend: Send + Sync {
 
 /// Counters of a backend's compiler and transfers, for tests and
 /// `Context::stats`. The native CPU backend counts nothing here.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct BackendStats {
     /// Programs compiled from scratch.
     pub compiled: u64,

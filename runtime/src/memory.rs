@@ -41,7 +41,7 @@ fn data_bytes(d: &HostData) -> usize {
 }
 
 /// A snapshot of a tracker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct MemoryStats {
     pub live_bytes: usize,
     pub peak_bytes: usize,
