@@ -172,6 +172,26 @@ def test_defer_and_fuse_fuses_a_block():
         assert stats["last_flush_kernels"] < stats["last_flush_nodes"]
 
 
+def test_stats_are_nested_numbers():
+    with deferfuse.mode("defer_and_fuse"):
+        x = torch.randn(8, 8).to("tpu")
+        (x * 2 + 1).sum().item()
+        before = deferfuse.stats()
+        (x * 2 + 1).sum().item()
+        after = deferfuse.stats()
+    # The same trace again: a tier-1 hit, counted as a number a user can subtract.
+    assert after["cache"]["tier1"]["hits"] == before["cache"]["tier1"]["hits"] + 1
+    assert after["cache"]["tier1"]["misses"] == before["cache"]["tier1"]["misses"]
+    assert after["memory"]["peak_bytes"] >= after["memory"]["live_bytes"] >= 0
+
+    def numbers(v):
+        if isinstance(v, dict):
+            return all(isinstance(k, str) and numbers(x) for k, x in v.items())
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    assert numbers(after), after
+
+
 def _model():
     return torch.nn.Sequential(
         torch.nn.Linear(8, 16),
