@@ -156,7 +156,7 @@ impl RewriteDump {
         RewriteDump {
             ran_in_this_flush,
             rules_fired: report.rules_fired.clone(),
-            stop_reason: report.stop_reason.clone(),
+            stop_reason: report.stop_reason.to_string(),
             iterations: report.iterations,
             egraph_nodes: report.egraph_nodes,
             egraph_classes: report.egraph_classes,

@@ -60,7 +60,7 @@ pub use cost::BytesMoved;
 pub use extract::DagExtractor;
 pub use guard::TensorRewrite;
 pub use language::{NodeKind, TensorNode};
-pub use optimize::{optimize, trace_cost, Optimized, RewriteConfig, RewriteReport};
+pub use optimize::{optimize, trace_cost, Optimized, RewriteConfig, RewriteReport, Stop};
 pub use rule_sets::RuleSets;
 
 // The fused program format and the kernel planner.

@@ -43,9 +43,8 @@ impl Default for RewriteConfig {
 pub struct RewriteReport {
     /// How many times each rule changed the e-graph; rules that never did are absent.
     pub rules_fired: BTreeMap<String, usize>,
-    /// Why saturation stopped: `"saturated"`, `"node limit"`,
-    /// `"iteration limit"` or `"time limit"`.
-    pub stop_reason: String,
+    /// Why saturation stopped.
+    pub stop_reason: Stop,
     /// Rounds of rule application run (the last may have been cut short by a limit).
     pub iterations: usize,
     /// E-nodes in the final e-graph.
@@ -77,14 +76,51 @@ pub struct Optimized {
 /// How many e-class visits [`DagExtractor::refine`] may spend.
 const REFINE_WORK: usize = 2_000_000;
 
-/// The text of a stop reason.
-pub fn stop_reason_name(reason: &StopReason) -> String {
-    match reason {
-        StopReason::Saturated => "saturated".into(),
-        StopReason::NodeLimit(_) => "node limit".into(),
-        StopReason::IterationLimit(_) => "iteration limit".into(),
-        StopReason::TimeLimit(_) => "time limit".into(),
-        StopReason::Other(why) => why.clone(),
+/// Why equality saturation stopped: egg's [`StopReason`] without its
+/// payloads (the limits are in the [`RewriteConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// No rule could change the e-graph any more.
+    Saturated,
+    /// The e-graph reached [`RewriteConfig::node_limit`] nodes.
+    NodeLimit,
+    /// [`RewriteConfig::iter_limit`] rounds ran.
+    IterationLimit,
+    /// [`RewriteConfig::time_limit`] passed.
+    TimeLimit,
+    /// A rule or hook asked to stop, saying why.
+    Other(String),
+}
+
+impl Stop {
+    /// Whether a limit cut saturation short (the result may be less optimized).
+    pub fn is_limit(&self) -> bool {
+        !matches!(self, Stop::Saturated)
+    }
+}
+
+impl From<&StopReason> for Stop {
+    fn from(reason: &StopReason) -> Stop {
+        match reason {
+            StopReason::Saturated => Stop::Saturated,
+            StopReason::NodeLimit(_) => Stop::NodeLimit,
+            StopReason::IterationLimit(_) => Stop::IterationLimit,
+            StopReason::TimeLimit(_) => Stop::TimeLimit,
+            StopReason::Other(why) => Stop::Other(why.clone()),
+        }
+    }
+}
+
+impl std::fmt::Display for Stop {
+    /// The words dumps and `fusion-debug` show: `saturated`, `node limit`, ...
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stop::Saturated => "saturated",
+            Stop::NodeLimit => "node limit",
+            Stop::IterationLimit => "iteration limit",
+            Stop::TimeLimit => "time limit",
+            Stop::Other(why) => why,
+        })
     }
 }
 
@@ -149,10 +185,7 @@ fn optimize_valid(trace: &Trace, config: &RewriteConfig) -> Result<Optimized> {
         trace: trace_out,
         report: RewriteReport {
             rules_fired,
-            stop_reason: runner
-                .stop_reason
-                .as_ref()
-                .map_or_else(|| "saturated".into(), stop_reason_name),
+            stop_reason: runner.stop_reason.as_ref().map_or(Stop::Saturated, Stop::from),
             iterations: runner.iterations.len().min(config.iter_limit),
             egraph_nodes: egraph.total_number_of_nodes(),
             egraph_classes: egraph.number_of_classes(),

@@ -4,7 +4,7 @@ mod common;
 
 use common::rule_traces::trace_for;
 use common::*;
-use rewrite_rules::{RewriteConfig, RuleSets};
+use rewrite_rules::{RewriteConfig, RuleSets, Stop};
 use trace_ir::{BinaryOp, DType, Op, Trace, UnaryOp};
 
 use BinaryOp::*;
@@ -209,7 +209,7 @@ fn with_every_set_off_the_trace_is_unchanged() {
     let out = optimize_checked(&t, &config);
     assert_eq!(out.trace, t);
     assert!(out.report.rules_fired.is_empty());
-    assert_eq!(out.report.stop_reason, "saturated");
+    assert_eq!(out.report.stop_reason, Stop::Saturated);
 }
 
 #[test]
@@ -225,19 +225,19 @@ fn limits_are_reported() {
     let t = b.done(&[z]);
 
     let out = optimize_checked(&t, &roomy());
-    assert_eq!(out.report.stop_reason, "saturated");
+    assert_eq!(out.report.stop_reason, Stop::Saturated);
     assert!(out.report.iterations > 1);
 
     let out = optimize_checked(&t, &RewriteConfig { iter_limit: 1, ..roomy() });
-    assert_eq!(out.report.stop_reason, "iteration limit");
+    assert_eq!(out.report.stop_reason, Stop::IterationLimit);
     assert_eq!(out.report.iterations, 1);
 
     let out = optimize_checked(&t, &RewriteConfig { node_limit: 10, ..roomy() });
-    assert_eq!(out.report.stop_reason, "node limit");
+    assert_eq!(out.report.stop_reason, Stop::NodeLimit);
 
     let out =
         optimize_checked(&t, &RewriteConfig { time_limit: std::time::Duration::ZERO, ..roomy() });
-    assert_eq!(out.report.stop_reason, "time limit");
+    assert_eq!(out.report.stop_reason, Stop::TimeLimit);
 }
 
 #[test]
