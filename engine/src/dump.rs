@@ -45,6 +45,7 @@ use ahash::AHashMap;
 use rewrite_rules::program::{KernelKind, Program};
 use rewrite_rules::{RewriteConfig, RewriteReport};
 use serde::{Deserialize, Serialize};
+use trace_ir::signature::{ClassSize as Size, SizeSymbols};
 use trace_ir::{NodeId, Op, Shape, ShapeClass, Signature, Trace};
 
 use crate::pipeline::{CacheStats, Extracted};
@@ -788,43 +789,20 @@ pub fn compare(a: &Trace, b: &Trace) -> Comparison {
     }
 }
 
-/// A size as the shape class sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Size {
-    /// 0 or 1, kept as it is.
-    Literal(usize),
-    /// The k-th distinct size of 2 or more.
-    Symbol(usize),
-}
-
-impl Size {
-    /// The encoding of `ShapeClass::of`: symbols written as 2, 3, ...
-    fn encoded(self) -> usize {
-        match self {
-            Size::Literal(d) => d,
-            Size::Symbol(k) => k + 2,
-        }
-    }
-}
-
-/// The symbols of one trace, and where each was first seen.
+/// The symbols of one trace ([`SizeSymbols`]), and where each was first seen.
 #[derive(Default)]
 struct Symbols {
-    sizes: Vec<usize>,
+    numbering: SizeSymbols,
     first_seen: Vec<(NodeId, &'static str, usize)>,
 }
 
 impl Symbols {
     fn symbol(&mut self, d: usize, at: (NodeId, &'static str, usize)) -> Size {
-        if d < 2 {
-            return Size::Literal(d);
-        }
-        let k = self.sizes.iter().position(|&s| s == d).unwrap_or_else(|| {
-            self.sizes.push(d);
+        let size = self.numbering.symbol(d);
+        if self.first_seen.len() < self.numbering.sizes.len() {
             self.first_seen.push(at);
-            self.sizes.len() - 1
-        });
-        Size::Symbol(k)
+        }
+        size
     }
 
     /// A symbol for people: by where it was first seen, or as new when that
@@ -833,11 +811,12 @@ impl Symbols {
         match size {
             Size::Literal(d) => format!("the literal size {d}"),
             Size::Symbol(k) if self.first_seen[k] == at => {
-                format!("a size of its own ({})", self.sizes[k])
+                format!("a size of its own ({})", self.numbering.sizes[k])
             }
             Size::Symbol(k) => {
                 let (node, field, dim) = self.first_seen[k];
-                format!("the size of node {node}'s {field} dimension {dim} ({})", self.sizes[k])
+                let size = self.numbering.sizes[k];
+                format!("the size of node {node}'s {field} dimension {dim} ({size})")
             }
         }
     }

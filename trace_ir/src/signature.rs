@@ -65,18 +65,54 @@ pub struct ShapeClass {
     pub sizes: Vec<usize>,
 }
 
+/// A size as a shape class sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClassSize {
+    /// 0 or 1, kept as it is: they decide broadcasting.
+    Literal(usize),
+    /// The k-th distinct size of 2 or more, in order of first appearance.
+    Symbol(usize),
+}
+
+impl ClassSize {
+    /// How the class writes the size: literals as they are, symbols as 2,
+    /// 3, ...; no literal size of 2 or more survives, so this is unambiguous.
+    pub fn encoded(self) -> usize {
+        match self {
+            ClassSize::Literal(d) => d,
+            ClassSize::Symbol(k) => k + 2,
+        }
+    }
+}
+
+/// Numbers the sizes of one trace as its shape class does. Visit the sizes
+/// in the order [`ShapeClass::of`] does: node by node, the value's shape and
+/// then the op's shape attribute.
+#[derive(Debug, Clone, Default)]
+pub struct SizeSymbols {
+    /// The value of each symbol, in symbol order.
+    pub sizes: Vec<usize>,
+}
+
+impl SizeSymbols {
+    pub fn symbol(&mut self, d: usize) -> ClassSize {
+        if d < 2 {
+            return ClassSize::Literal(d);
+        }
+        let k = self.sizes.iter().position(|&s| s == d).unwrap_or_else(|| {
+            self.sizes.push(d);
+            self.sizes.len() - 1
+        });
+        ClassSize::Symbol(k)
+    }
+}
+
 impl ShapeClass {
     pub fn of(trace: &Trace) -> ShapeClass {
-        let mut sizes = Vec::new();
+        let mut symbols = SizeSymbols::default();
         let mut symbolize = |shape: &mut crate::Shape| {
-            for d in shape.iter_mut().filter(|d| **d >= 2) {
-                let k = sizes.iter().position(|s| s == d).unwrap_or_else(|| {
-                    sizes.push(*d);
-                    sizes.len() - 1
-                });
-                // Symbols are written as 2, 3, ...: no literal size survives
-                // in a shape field, so the encoding is unambiguous.
-                *d = k + 2;
+            for d in shape.iter_mut() {
+                *d = symbols.symbol(*d).encoded();
             }
         };
         let mut t = trace.clone();
@@ -86,7 +122,7 @@ impl ShapeClass {
                 symbolize(shape);
             }
         }
-        ShapeClass { signature: Signature::of(&t), sizes }
+        ShapeClass { signature: Signature::of(&t), sizes: symbols.sizes }
     }
 
     /// Maps each size of `self` to the size of the same symbol in `other`
