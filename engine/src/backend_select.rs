@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use runtime::{Backend, CpuBackend, MemoryTracker};
-use trace_ir::{Error, Result};
+use trace_ir::Result;
 
 use crate::config::{BackendKind, Config};
 
@@ -54,7 +54,7 @@ fn pjrt(
 
 #[cfg(not(feature = "pjrt"))]
 fn pjrt(_: Option<&PathBuf>, _: &Config, _: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
-    Err(Error::Config {
+    Err(trace_ir::Error::Config {
         var: crate::config::ENV_BACKEND.into(),
         value: "pjrt".into(),
         valid: "cpu (this build of deferfuse has no PJRT backend; build it with `--features pjrt`)"

@@ -270,38 +270,9 @@ impl Plugin {
     }
 }
 
-/// A hash of a file's bytes that is the same on every machine and Rust
-/// version (unlike `std`'s or `ahash`'s): FxHash's multiply-rotate over
-/// little-endian 64-bit words, then the length.
+/// The stable hash of a file's bytes, and its length.
 fn stable_file_hash(path: &Path) -> std::io::Result<(u64, u64)> {
-    use std::io::Read;
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let mut file = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 1 << 22];
-    let (mut h, mut len) = (0u64, 0u64);
-    loop {
-        // Fill the buffer fully (short reads would shift word boundaries).
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read(&mut buf[filled..])? {
-                0 => break,
-                n => filled += n,
-            }
-        }
-        if filled == 0 {
-            break;
-        }
-        len += filled as u64;
-        for chunk in buf[..filled].chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            h = (h.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
-        }
-        if filled < buf.len() {
-            break;
-        }
-    }
-    Ok(((h.rotate_left(5) ^ len).wrapping_mul(K), len))
+    trace_ir::signature::stable_hash64_of_reader(std::fs::File::open(path)?)
 }
 
 /// A string the plugin returned (pointer and length; not NUL-terminated).
