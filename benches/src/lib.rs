@@ -93,17 +93,7 @@ pub fn workload(ctx: &Context, name: &str, size: Size) -> Result<Workload> {
             let (batch, seq, width) = (pick(8, 2), 128, 256);
             let s = 1.0 / (width as f64).sqrt();
             let mut inputs = vec![randn(&[batch, seq, width], 20, 1.0)?];
-            for (i, shape) in [
-                [width, width],
-                [width, width],
-                [width, width],
-                [width, width],
-                [4 * width, width],
-                [width, 4 * width],
-            ]
-            .iter()
-            .enumerate()
-            {
+            for (i, shape) in transformer_weight_shapes(width).iter().enumerate() {
                 inputs.push(randn(shape, 21 + i as u64, s)?);
             }
             for i in 0..4 {
