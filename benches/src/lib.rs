@@ -6,6 +6,7 @@
 
 use deferfuse::workloads::{
     adam_step, gelu_tanh, layer_norm, mlp_block, softmax, transformer_block,
+    transformer_weight_shapes,
 };
 use deferfuse::{Context, DType, Result, Tensor};
 

@@ -59,6 +59,13 @@ pub fn adam_step(p: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, t: i32) -> Resu
     Ok(vec![p, m, v])
 }
 
+/// The shapes of [`transformer_block`]'s weights after `x`, for a model
+/// `width` wide: Wq, Wk, Wv, Wo, then the MLP's W1 and W2.
+pub fn transformer_weight_shapes(width: usize) -> [[usize; 2]; 6] {
+    let w = [width, width];
+    [w, w, w, w, [4 * width, width], [width, 4 * width]]
+}
+
 /// A pre-norm transformer block: `x + Attn(LN(x))`, then `+ MLP(LN(.))`,
 /// with four heads. Inputs: x, Wq, Wk, Wv, Wo, W1, W2, ln1 (g, b), ln2 (g, b).
 pub fn transformer_block(t: &[Tensor]) -> Result<Tensor> {

@@ -10,6 +10,7 @@ use std::process::Output;
 use deferfuse::dump::FlushDump;
 pub use deferfuse::workloads::{
     adam_step, gelu_tanh, layer_norm, mlp_block, softmax, transformer_block,
+    transformer_weight_shapes,
 };
 use deferfuse::{Config, Context, Mode, Tensor};
 
@@ -100,17 +101,7 @@ pub fn run_workload_in(ctx: &Context, dir: &Path, name: &str, batch: usize) -> P
         "transformer_block" => {
             let (seq, width) = (16, 64);
             let mut t = vec![input(ctx, &[batch, seq, width], 20, 1.0)];
-            for (i, shape) in [
-                [width, width],
-                [width, width],
-                [width, width],
-                [width, width],
-                [4 * width, width],
-                [width, 4 * width],
-            ]
-            .iter()
-            .enumerate()
-            {
+            for (i, shape) in transformer_weight_shapes(width).iter().enumerate() {
                 t.push(input(ctx, shape, 21 + i as u64, 0.125));
             }
             for i in 0..4 {
