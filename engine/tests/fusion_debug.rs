@@ -68,7 +68,7 @@ fn every_workload_dumps_its_plan_and_draws_one_cluster_per_kernel() {
                 panic!("{name}: node {id} ({}) has no call site", node.op.name())
             });
             assert!(
-                site.file.ends_with("fusion_debug_common/mod.rs"),
+                site.file.ends_with("src/workloads.rs"),
                 "{name}: node {id} recorded at {site}"
             );
         }
@@ -129,7 +129,7 @@ fn explain_names_the_matmul_boundary_before_the_layer_norm() {
         text.lines().any(|l| l.contains(&format!("#{consumer} ")) && l.contains("fused (both in kernel 2)")),
         "{text}"
     );
-    assert!(text.contains("recorded at") && text.contains("fusion_debug_common/mod.rs"), "{text}");
+    assert!(text.contains("recorded at") && text.contains("src/workloads.rs"), "{text}");
 }
 
 #[test]
@@ -364,7 +364,8 @@ fn a_size_of_one_is_another_shape_class_and_diff_names_it() {
     );
     assert!(text.contains(line), "{text}");
     assert!(
-        text.contains("in A: first read by node 1 (max [1] keep) at") && text.contains("mod.rs"),
+        text.contains("in A: first read by node 1 (max [1] keep) at")
+            && text.contains("workloads.rs"),
         "{text}"
     );
 
@@ -656,7 +657,7 @@ fn a_lifted_softmax_points_back_at_the_recorded_ops_and_their_line() {
     assert!(!origins.is_empty());
     assert!(origins.iter().any(|&o| dump.recorded.nodes[o].op.name() == "div"), "{origins:?}");
     let site = dump.call_site_of(lifted).expect("a call site");
-    assert!(site.file.ends_with("fusion_debug_common/mod.rs"), "{site}");
+    assert!(site.file.ends_with("src/workloads.rs"), "{site}");
     let text = stdout(&cli(&["explain", path_str(&path), "--op", &lifted.to_string()]));
     assert!(text.contains(&format!("stands for recorded node(s) {origins:?}")), "{text}");
 }
