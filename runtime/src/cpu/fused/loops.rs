@@ -452,15 +452,16 @@ impl LoopExec {
     }
 
     /// Runs on `inputs` (the kernel's inputs, in order) and, in an epilogue,
-    /// the f32 product `acc` of shape `acc_shape`. `planned` is the
-    /// program's iteration shape at this run's sizes (it matters only for
-    /// dimensions no input spans).
+    /// the f32 product `acc` of shape `acc_shape`, with the tile code of
+    /// `isa`. `planned` is the program's iteration shape at this run's
+    /// sizes (it matters only for dimensions no input spans).
     pub(crate) fn run(
         &self,
         mut inputs: Vec<Arc<Buffer>>,
         acc: Option<Buffer>,
         planned: &[usize],
         tracker: &Arc<MemoryTracker>,
+        isa: Isa,
     ) -> Result<Vec<Buffer>> {
         let acc_shape: Option<Shape> = acc.as_ref().map(|b| b.meta().shape.clone());
         let shape = self.runtime_shape(&inputs, acc_shape.as_deref(), planned)?;
@@ -536,6 +537,7 @@ impl LoopExec {
             &shape,
             dsts,
             &donors,
+            isa,
         )?;
         // Hand each donor's memory to its output.
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
@@ -638,6 +640,7 @@ impl LoopExec {
         shape: &[usize],
         dsts: Vec<Dst>,
         donors: &[Option<Donor>],
+        isa: Isa,
     ) -> Result<()> {
         let shape: Shape = shape.into();
         let (r, k) = (shape.len(), self.kernel.row_dims);
@@ -776,7 +779,6 @@ impl LoopExec {
                 [Vec::new(), Vec::new(), Vec::new()]
             },
         };
-        let isa = Isa::detect();
         if total >= PAR_ELEMS && ntiles > 1 {
             (0..ntiles)
                 .into_par_iter()
