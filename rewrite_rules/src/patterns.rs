@@ -26,13 +26,11 @@
 //! constants) may differ from the fused form by rounding.
 
 use egg::rewrite;
+use trace_ir::consts::{GELU_TANH_BETA, GELU_TANH_KAPPA};
 
 use crate::any_of::any_of;
 use crate::conditions::{all, constant, near};
 use crate::guard::{checked, TensorRewrite};
-
-/// `sqrt(2 / pi)`, the GELU tanh-approximation constant.
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 /// The GELU alternatives, `cube` being the spelling of `x^3`.
 fn gelu_spellings(cubes: &[&str]) -> Vec<String> {
@@ -62,8 +60,8 @@ pub fn rules() -> Vec<TensorRewrite> {
         all(vec![
             near("?half", 0.5),
             near("?one", 1.0),
-            near("?c", SQRT_2_OVER_PI),
-            near("?k", 0.044715),
+            near("?c", GELU_TANH_BETA),
+            near("?k", GELU_TANH_KAPPA),
         ])
     };
     vec![

@@ -76,7 +76,14 @@ fn random_input(meta: &Meta, seed: u64) -> HostData {
 }
 
 fn run_program(program: &Program, inputs: &[HostData]) -> trace_ir::Result<Vec<HostData>> {
-    let be = backend();
+    run_on(&backend(), program, inputs)
+}
+
+fn run_on(
+    be: &CpuBackend,
+    program: &Program,
+    inputs: &[HostData],
+) -> trace_ir::Result<Vec<HostData>> {
     let exe = be.compile(program)?;
     let bufs = program
         .params
@@ -618,6 +625,93 @@ fn loop_kernels_run_on_new_sizes() {
     let e = gelu(&mut b, y, DType::F32);
     let want = run_program(&Program::unfused(&b.out(&[e])), &data).unwrap();
     assert_close("resized", &be.download(&out[0]).unwrap(), &want[0]);
+}
+
+// ---------------------------------------------------------------- SIMD off
+
+/// A backend built `with_simd(false)` runs the fused kernels' portable
+/// code. Its results match the reference within the fused tolerances, as
+/// the default backend's do, and match the default's within them too (the
+/// paths differ only where one fuses a multiply-add); exactly rounded
+/// arithmetic (Adam: +, -, *, /, sqrt) is bit-identical on both.
+#[test]
+fn fused_kernels_without_simd_agree_with_the_default() {
+    let simd = backend();
+    let portable = backend().with_simd(false);
+    let mut traces = Vec::new();
+    // Many rows of elementwise and row work (parallel tiles).
+    let mut b = B::default();
+    let x = b.param(&[96, 400], DType::F32);
+    let g = gelu(&mut b, x, DType::F32);
+    let s = softmax(&mut b, g, 1);
+    traces.push(("gelu then softmax", b.out(&[s, g])));
+    // Rows longer than a tile (walked in chunks).
+    let mut b = B::default();
+    let x = b.param(&[2, 20_000], DType::F32);
+    let c = b.full(1e-3, DType::F32);
+    let xs = b.bin(BinaryOp::Mul, x, c);
+    let e = b.un(UnaryOp::Exp, xs);
+    let r = b.reduce(ReduceOp::Sum, e, &[1], false);
+    let y = b.un(UnaryOp::Log, r);
+    traces.push(("long rows", b.out(&[y, e])));
+    // A matmul epilogue.
+    let mut b = B::default();
+    let x = b.param(&[64, 96], DType::F32);
+    let w = b.param(&[128, 96], DType::F32);
+    let bias = b.param(&[128], DType::F32);
+    let wt = transpose(&mut b, w);
+    let h = b.op(Op::MatMul, &[x, wt]);
+    let hb = b.bin(BinaryOp::Add, h, bias);
+    let y = gelu(&mut b, hb, DType::F32);
+    traces.push(("linear, bias, gelu", b.out(&[y])));
+    // Half-precision storage.
+    let mut b = B::default();
+    let x = b.param(&[32, 300], DType::BF16);
+    let gamma = b.param(&[300], DType::BF16);
+    let beta = b.param(&[300], DType::BF16);
+    let y = layer_norm(&mut b, x, gamma, beta, 1);
+    traces.push(("bf16 layer_norm", b.out(&[y])));
+    traces.push(("adam", adam(50_000)));
+
+    let mut differing = 0;
+    for (what, t) in &traces {
+        let fused = plan(t, &PlanConfig::default()).unwrap_or_else(|e| panic!("{what}: plan: {e}"));
+        assert!(
+            fused.kernels.iter().any(|k| !matches!(k.kind, KernelKind::Single { .. })),
+            "{what}: nothing fused"
+        );
+        let inputs: Vec<HostData> = t
+            .parameters()
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| random_input(t.meta(p), 31 + i as u64))
+            .collect();
+        let want = run_on(&simd, &Program::unfused(t), &inputs).unwrap();
+        let got = run_on(&simd, &fused, &inputs).unwrap();
+        let scalar = run_on(&portable, &fused, &inputs).unwrap();
+        for (k, ((g, s), w)) in got.iter().zip(&scalar).zip(&want).enumerate() {
+            assert_close(&format!("{what}, output {k}, default"), g, w);
+            assert_close(&format!("{what}, output {k}, without simd"), s, w);
+            assert_close(&format!("{what}, output {k}, without simd vs default"), s, g);
+            let (g, s) = (g.to_f64_vec(), s.to_f64_vec());
+            let same = |(a, b): (&f64, &f64)| a.to_bits() == b.to_bits();
+            if *what == "adam" {
+                assert!(g.iter().zip(&s).all(same), "{what}, output {k}: not bit-identical");
+            }
+            differing += g.iter().zip(&s).filter(|&p| !same(p)).count();
+        }
+    }
+    // Where this CPU has the AVX2 path, the portable one (no FMA on
+    // x86-64) rounds some transcendental differently: the flag reaches the
+    // kernels.
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        assert!(differing > 0, "the portable path gave bit-identical results everywhere");
+    }
+    let _ = differing;
 }
 
 // ---------------------------------------------------------------- random traces

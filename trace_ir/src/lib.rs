@@ -4,9 +4,11 @@
 //! - [`Shape`] and broadcasting ([`shape`] module);
 //! - the primitive op set ([`Op`]) and its inference rules ([`infer()`]);
 //! - the trace DAG ([`Trace`]), its structural [`Signature`], and its
-//!   versioned JSON form ([`Trace::to_json`], [`Trace::from_json`]).
+//!   versioned JSON form ([`Trace::to_json`], [`Trace::from_json`]);
+//! - numeric constants every crate must agree on ([`consts`]: GELU's).
 
 pub mod canonical;
+pub mod consts;
 pub mod dtype;
 pub mod error;
 pub mod generate;

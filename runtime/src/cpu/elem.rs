@@ -54,178 +54,58 @@ pub(crate) trait Elem: Copy + Send + Sync + Default + 'static {
     }
 }
 
-impl Elem for f32 {
-    type D = f32;
-    #[inline(always)]
-    fn load(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn store(d: f32) -> Self {
-        d
-    }
-    fn wrap(v: Vec<Self>) -> HostData {
-        HostData::F32(v)
-    }
-    fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
-        match d {
-            HostData::F32(v) => Some(v),
-            _ => None,
+/// The `impl Elem` of each storage type, from one template so the six stay
+/// alike: `T => D, Variant`, then how a value loads into the domain (`x`
+/// is the stored value) and stores back (`d` the domain value); `nan` for
+/// the float types, whose domain has NaN.
+macro_rules! impl_elem {
+    ($($T:ty => $D:ty, $variant:ident, load($l:ident) $load:expr, store($s:ident) $store:expr
+        $(, $nan:ident)?;)*) => {$(
+        impl Elem for $T {
+            type D = $D;
+            #[inline(always)]
+            fn load(self) -> $D {
+                let $l = self;
+                $load
+            }
+            #[inline(always)]
+            fn store($s: $D) -> Self {
+                $store
+            }
+            fn wrap(v: Vec<Self>) -> HostData {
+                HostData::$variant(v)
+            }
+            fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
+                match d {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
+                match d {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            $(impl_elem!(@$nan);)?
         }
-    }
-    fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
-        match d {
-            HostData::F32(v) => Some(v),
-            _ => None,
+    )*};
+    (@nan) => {
+        #[inline(always)]
+        fn is_nan(d: f32) -> bool {
+            d.is_nan()
         }
-    }
-    #[inline(always)]
-    fn is_nan(d: f32) -> bool {
-        d.is_nan()
-    }
+    };
 }
 
-impl Elem for bf16 {
-    type D = f32;
-    #[inline(always)]
-    fn load(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn store(d: f32) -> Self {
-        bf16::from_f32(d)
-    }
-    fn wrap(v: Vec<Self>) -> HostData {
-        HostData::BF16(v)
-    }
-    fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
-        match d {
-            HostData::BF16(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
-        match d {
-            HostData::BF16(v) => Some(v),
-            _ => None,
-        }
-    }
-    #[inline(always)]
-    fn is_nan(d: f32) -> bool {
-        d.is_nan()
-    }
-}
-
-impl Elem for f16 {
-    type D = f32;
-    #[inline(always)]
-    fn load(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn store(d: f32) -> Self {
-        f16::from_f32(d)
-    }
-    fn wrap(v: Vec<Self>) -> HostData {
-        HostData::F16(v)
-    }
-    fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
-        match d {
-            HostData::F16(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
-        match d {
-            HostData::F16(v) => Some(v),
-            _ => None,
-        }
-    }
-    #[inline(always)]
-    fn is_nan(d: f32) -> bool {
-        d.is_nan()
-    }
-}
-
-impl Elem for i32 {
-    type D = i64;
-    #[inline(always)]
-    fn load(self) -> i64 {
-        self as i64
-    }
-    #[inline(always)]
-    fn store(d: i64) -> Self {
-        d as i32
-    }
-    fn wrap(v: Vec<Self>) -> HostData {
-        HostData::I32(v)
-    }
-    fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
-        match d {
-            HostData::I32(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
-        match d {
-            HostData::I32(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-impl Elem for i64 {
-    type D = i64;
-    #[inline(always)]
-    fn load(self) -> i64 {
-        self
-    }
-    #[inline(always)]
-    fn store(d: i64) -> Self {
-        d
-    }
-    fn wrap(v: Vec<Self>) -> HostData {
-        HostData::I64(v)
-    }
-    fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
-        match d {
-            HostData::I64(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
-        match d {
-            HostData::I64(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-impl Elem for bool {
-    type D = bool;
-    #[inline(always)]
-    fn load(self) -> bool {
-        self
-    }
-    #[inline(always)]
-    fn store(d: bool) -> Self {
-        d
-    }
-    fn wrap(v: Vec<Self>) -> HostData {
-        HostData::Bool(v)
-    }
-    fn unwrap_ref(d: &HostData) -> Option<&[Self]> {
-        match d {
-            HostData::Bool(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn unwrap_vec(d: HostData) -> Option<Vec<Self>> {
-        match d {
-            HostData::Bool(v) => Some(v),
-            _ => None,
-        }
-    }
+impl_elem! {
+    f32 => f32, F32, load(x) x, store(d) d, nan;
+    bf16 => f32, BF16, load(x) x.to_f32(), store(d) bf16::from_f32(d), nan;
+    f16 => f32, F16, load(x) x.to_f32(), store(d) f16::from_f32(d), nan;
+    // Integers compute in i64 and wrap back with `as`.
+    i32 => i64, I32, load(x) x as i64, store(d) d as i32;
+    i64 => i64, I64, load(x) x, store(d) d;
+    bool => bool, Bool, load(x) x, store(d) d;
 }
 
 /// Instantiates a generic body per dtype: `$T` names the element type

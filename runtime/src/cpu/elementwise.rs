@@ -4,6 +4,7 @@
 //! in i64 and wrap to the storage type with `as`; bool stays bool.
 
 use half::{bf16, f16};
+use trace_ir::consts;
 use trace_ir::shape::numel;
 use trace_ir::{BinaryOp, DType, Error, Result, UnaryOp};
 
@@ -19,15 +20,17 @@ fn unsupported(op: &str, dtype: DType) -> Error {
 
 // ---------------------------------------------------------------- unary
 
-/// `sqrt(2 / pi)`, GELU's tanh-form constant.
-const GELU_BETA: f32 = 0.797_884_6;
-const GELU_KAPPA: f32 = 0.044_715;
+/// GELU's tanh-form constants rounded to f32, as PyTorch's f32 kernel and
+/// the fused kernels use them: the reference computes the same function,
+/// only in f64.
+const GELU_BETA: f64 = consts::GELU_TANH_BETA as f32 as f64;
+const GELU_KAPPA: f64 = consts::GELU_TANH_KAPPA as f32 as f64;
 
 /// Exact GELU, `0.5 x (1 + erf(x / sqrt 2))`, written as `0.5 x erfc(-x / sqrt 2)`
 /// (the same value, without cancellation for negative x), in f64.
 pub fn gelu_erf(x: f32) -> f32 {
     let x = x as f64;
-    (0.5 * x * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)) as f32
+    (0.5 * x * erfc(-x * consts::GELU_ERF_SCALE)) as f32
 }
 
 /// PyTorch's tanh GELU, `0.5 x (1 + tanh(u))`, computed in f64 as the equal
@@ -35,7 +38,7 @@ pub fn gelu_erf(x: f32) -> f32 {
 /// negative results stay negative instead of becoming -0).
 pub fn gelu_tanh(x: f32) -> f32 {
     let x = x as f64;
-    let u = GELU_BETA as f64 * (x + GELU_KAPPA as f64 * x * x * x);
+    let u = GELU_BETA * (x + GELU_KAPPA * x * x * x);
     (x / (1.0 + (-2.0 * u).exp())) as f32
 }
 

@@ -50,11 +50,23 @@ pub(crate) fn internal(msg: impl Into<String>) -> Error {
 #[derive(Debug, Clone)]
 pub struct CpuBackend {
     tracker: Arc<MemoryTracker>,
+    /// Whether fused kernels use the SIMD code this CPU runs (see [`Self::with_simd`]).
+    simd: bool,
 }
 
 impl CpuBackend {
+    /// A backend whose fused kernels use the best SIMD code this CPU runs.
     pub fn new(tracker: Arc<MemoryTracker>) -> CpuBackend {
-        CpuBackend { tracker }
+        CpuBackend { tracker, simd: true }
+    }
+
+    /// With `simd` off, the fused kernels of programs this backend compiles
+    /// run their portable scalar code instead of AVX2 or AVX-512 (results
+    /// agree within the documented bounds of the approximations; this is for
+    /// bisecting a difference to the SIMD code). The unfused reference
+    /// kernels and the matrix-product library are not affected.
+    pub fn with_simd(self, simd: bool) -> Self {
+        CpuBackend { simd, ..self }
     }
 }
 
@@ -64,7 +76,8 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>> {
-        Ok(Arc::new(CpuExecutable::new(program, self.tracker.clone())?))
+        let isa = fused::Isa::choose(self.simd);
+        Ok(Arc::new(CpuExecutable::with_isa(program, self.tracker.clone(), isa)?))
     }
 
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
@@ -100,6 +113,8 @@ pub struct CpuExecutable {
     /// nothing are dropped as soon as they are produced.
     uses: Vec<usize>,
     tracker: Arc<MemoryTracker>,
+    /// The tile code the fused loops run.
+    isa: fused::Isa,
 }
 
 impl std::fmt::Debug for CpuExecutable {
@@ -110,8 +125,18 @@ impl std::fmt::Debug for CpuExecutable {
 
 impl CpuExecutable {
     /// Checks `program` (every value read is a parameter or written by an
-    /// earlier kernel) and compiles its fused kernels.
+    /// earlier kernel) and compiles its fused kernels for the best SIMD code
+    /// this CPU runs.
     pub fn new(program: &Program, tracker: Arc<MemoryTracker>) -> Result<CpuExecutable> {
+        Self::with_isa(program, tracker, fused::Isa::detect())
+    }
+
+    /// [`Self::new`], the fused loops running the tile code of `isa`.
+    fn with_isa(
+        program: &Program,
+        tracker: Arc<MemoryTracker>,
+        isa: fused::Isa,
+    ) -> Result<CpuExecutable> {
         let nv = program.values.len();
         let bad = |msg: String| Error::InvalidTrace(format!("program: {msg}"));
         let mut defined = vec![false; nv];
@@ -172,7 +197,7 @@ impl CpuExecutable {
             }
             uses[o] += 1;
         }
-        Ok(CpuExecutable { program: program.clone(), kernels, uses, tracker })
+        Ok(CpuExecutable { program: program.clone(), kernels, uses, tracker, isa })
     }
 
     pub fn program(&self) -> &Program {
@@ -362,12 +387,12 @@ impl Executable for CpuExecutable {
                         KernelKind::Loop(lk) => lk.shape.as_slice(),
                         _ => return Err(internal(format!("kernel {k} is not a loop"))),
                     };
-                    l.run(args.into_vec(), None, planned, &self.tracker)
+                    l.run(args.into_vec(), None, planned, &self.tracker, self.isa)
                         .map_err(|e| annotate(p, k, e))?
                 }
-                Compiled::MatMul(m) => {
-                    m.run(args.into_vec(), &self.tracker).map_err(|e| annotate(p, k, e))?
-                }
+                Compiled::MatMul(m) => m
+                    .run(args.into_vec(), &self.tracker, self.isa)
+                    .map_err(|e| annotate(p, k, e))?,
             };
             for (&o, out) in kernel.outputs.iter().zip(outs) {
                 if self.uses[o] > 0 {
@@ -426,8 +451,8 @@ impl Executable for CpuExecutable {
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()?;
-        let (uses, tracker) = (self.uses.clone(), self.tracker.clone());
-        Some(Arc::new(CpuExecutable { program: program.clone(), kernels, uses, tracker }))
+        let (uses, tracker, isa) = (self.uses.clone(), self.tracker.clone(), self.isa);
+        Some(Arc::new(CpuExecutable { program: program.clone(), kernels, uses, tracker, isa }))
     }
 }
 

@@ -25,6 +25,7 @@
 use std::fmt::Write;
 
 use half::{bf16, f16};
+use trace_ir::consts;
 use trace_ir::{ArgReduceOp, BinaryOp, DType, Error, Meta, Op, ReduceOp, Result, Trace, UnaryOp};
 
 /// Knobs of the lowering; part of the cache key through the text.
@@ -764,7 +765,7 @@ impl Emitter {
             }
             GeluErf => {
                 // 0.5 x (1 + erf(x / sqrt 2))
-                let c = self.splat(std::f64::consts::FRAC_1_SQRT_2, t, &shape);
+                let c = self.splat(consts::GELU_ERF_SCALE, t, &shape);
                 let xs = self.binary("stablehlo.multiply", &x, &c);
                 let erf = self.unary("chlo.erf", &xs);
                 let one = self.splat(1.0, t, &shape);
@@ -775,8 +776,8 @@ impl Emitter {
             }
             GeluTanh => {
                 // 0.5 x (1 + tanh(beta (x + kappa x^3))), in the CPU backend's order.
-                let kappa = self.splat(0.044_715, t, &shape);
-                let beta = self.splat(0.797_884_6, t, &shape);
+                let kappa = self.splat(consts::GELU_TANH_KAPPA, t, &shape);
+                let beta = self.splat(consts::GELU_TANH_BETA, t, &shape);
                 let k1 = self.binary("stablehlo.multiply", &kappa, &x);
                 let k2 = self.binary("stablehlo.multiply", &k1, &x);
                 let k3 = self.binary("stablehlo.multiply", &k2, &x);

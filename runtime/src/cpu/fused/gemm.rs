@@ -12,6 +12,7 @@ use trace_ir::{DType, Error, Meta, Result, Shape};
 
 use super::io::{bf16_to_f32, f32_to_bf16_bits};
 use super::loops::{view_geometry, LoopExec};
+use super::tile::Isa;
 use crate::buffer::Buffer;
 use crate::cpu::elem::{walk, Strides};
 use crate::cpu::{check_alloc, host, internal};
@@ -100,6 +101,7 @@ impl MatMulExec {
         &self,
         inputs: Vec<Arc<Buffer>>,
         tracker: &Arc<MemoryTracker>,
+        isa: Isa,
     ) -> Result<Vec<Buffer>> {
         let (a, b) = (&inputs[0], &inputs[1]);
         if a.meta().dtype != b.meta().dtype {
@@ -162,7 +164,7 @@ impl MatMulExec {
             lease,
         );
         match &self.epilogue {
-            Some(ep) => ep.run(inputs, Some(result), &out_shape, tracker),
+            Some(ep) => ep.run(inputs, Some(result), &out_shape, tracker, isa),
             None => {
                 let acc = match result.host_data() {
                     Some(HostData::F32(v)) => v.as_slice(),

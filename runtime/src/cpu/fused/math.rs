@@ -153,8 +153,8 @@ pub fn silu<const FMA: bool>(x: f32) -> f32 {
     x * sigmoid::<FMA>(x)
 }
 
-const GELU_BETA: f32 = 0.797_884_6;
-const GELU_KAPPA: f32 = 0.044_715;
+const GELU_BETA: f32 = trace_ir::consts::GELU_TANH_BETA as f32;
+const GELU_KAPPA: f32 = trace_ir::consts::GELU_TANH_KAPPA as f32;
 
 /// PyTorch's tanh GELU, `0.5 x (1 + tanh(u))` with `u = sqrt(2/pi) (x +
 /// 0.044715 x^3)`, computed as `x * sigmoid(2u)` (the same function, without
@@ -205,7 +205,7 @@ pub fn erf<const FMA: bool>(x: f32) -> f32 {
 #[inline(always)]
 pub fn gelu_erf<const FMA: bool>(x: f32) -> f32 {
     let a = x.abs();
-    let z = a * std::f32::consts::FRAC_1_SQRT_2;
+    let z = a * trace_ir::consts::GELU_ERF_SCALE as f32;
     let t = 1.0 / (1.0 + 0.5 * z);
     let c = [
         0.170_872_77,
@@ -231,6 +231,7 @@ pub fn gelu_erf<const FMA: bool>(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trace_ir::consts::{GELU_ERF_SCALE, GELU_TANH_KAPPA};
 
     /// `count` points evenly spaced over `[lo, hi]`, plus their neighbours.
     fn sweep(lo: f64, hi: f64, count: usize) -> impl Iterator<Item = f32> {
@@ -351,7 +352,7 @@ mod tests {
     fn gelu_error_bounds_with<const F: bool>() {
         // 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}), without f64's own cancellation.
         let exact_tanh = |x: f64| {
-            let u = (2.0f64 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            let u = (2.0f64 / std::f64::consts::PI).sqrt() * (x + GELU_TANH_KAPPA * x * x * x);
             x / (1.0 + (-2.0 * u).exp())
         };
         let (e, at) = max_rel(gelu_tanh::<F>, exact_tanh, sweep(-3.0, 12.0, 1_000_000));
@@ -361,8 +362,7 @@ mod tests {
         // Further out the f32 argument's own rounding dominates; the values are tiny.
         let (e, at) = max_abs(gelu_tanh::<F>, exact_tanh, sweep(-20.0, -5.0, 1_000_000));
         assert!(e <= 1e-10, "gelu_tanh abs err {e} at {at}");
-        let exact_erf =
-            |x: f64| 0.5 * x * crate::cpu::erf::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
+        let exact_erf = |x: f64| 0.5 * x * crate::cpu::erf::erfc(-x * GELU_ERF_SCALE);
         let (e, at) = max_rel(gelu_erf::<F>, exact_erf, sweep(-13.0, 10.0, 2_000_000));
         assert!(e <= 1e-6, "gelu_erf rel err {e} at {at}");
         assert!(gelu_erf::<F>(f32::NAN).is_nan() && gelu_erf::<F>(f32::NEG_INFINITY).is_nan());

@@ -12,3 +12,4 @@ pub(crate) mod tile;
 
 pub(crate) use gemm::MatMulExec;
 pub(crate) use loops::LoopExec;
+pub(crate) use tile::Isa;

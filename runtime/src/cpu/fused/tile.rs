@@ -4,6 +4,8 @@
 //!
 //! The body is compiled three times, for AVX-512, AVX2+FMA and the portable
 //! baseline, and [`Isa::detect`] picks one at run time: no RUSTFLAGS needed.
+//! A backend built without SIMD ([`crate::CpuBackend::with_simd`]) runs the
+//! portable one ([`Isa::choose`]).
 
 use rewrite_rules::program::{Instr, Reg};
 use trace_ir::{BinaryOp, ReduceOp};
@@ -20,15 +22,12 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best set this CPU runs, detected once.
+    /// The best set this CPU runs, detected once per process.
     pub(crate) fn detect() -> Isa {
         static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *ISA.get_or_init(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                if std::env::var_os("DEFERFUSE_NO_SIMD").is_some() {
-                    return Isa::Portable;
-                }
                 if is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
@@ -48,6 +47,16 @@ impl Isa {
             }
             Isa::Portable
         })
+    }
+
+    /// The set a backend's kernels run: the detected one, or the portable
+    /// baseline when `simd` is off (to bisect a difference to the SIMD code).
+    pub(crate) fn choose(simd: bool) -> Isa {
+        if simd {
+            Isa::detect()
+        } else {
+            Isa::Portable
+        }
     }
 }
 
