@@ -22,7 +22,7 @@ pub const PJRT_EXECUTABLES_DIR: &str = "pjrt-executables";
 /// The backend `config` asks for.
 pub(crate) fn create(config: &Config, tracker: Arc<MemoryTracker>) -> Result<Arc<dyn Backend>> {
     match config.backend {
-        BackendKind::Cpu => Ok(Arc::new(CpuBackend::new(tracker))),
+        BackendKind::Cpu => Ok(Arc::new(CpuBackend::new(tracker).with_simd(config.simd))),
         BackendKind::Pjrt => pjrt(config.pjrt_plugin.as_ref(), config, tracker),
     }
 }

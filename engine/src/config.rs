@@ -323,6 +323,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_simd_is_a_switch_and_bad_values_name_the_valid_ones() {
+        let with = |v: &str| Config::from_vars(|k| (k == ENV_NO_SIMD).then(|| v.to_string()));
+        assert!(Config::from_vars(|_| None).unwrap().simd);
+        assert!(!with("1").unwrap().simd);
+        assert!(!with("ON").unwrap().simd);
+        assert!(with("off").unwrap().simd);
+        let e = with("yes").unwrap_err().to_string();
+        assert!(e.contains(ENV_NO_SIMD) && e.contains("on, off"), "{e}");
+    }
+
+    #[test]
     fn names_parse_and_bad_ones_list_the_valid_values() {
         assert_eq!("cpu".parse::<BackendKind>().unwrap(), BackendKind::Cpu);
         assert_eq!(" PJRT ".parse::<BackendKind>().unwrap(), BackendKind::Pjrt);

@@ -105,7 +105,8 @@ impl ScalarOrTensor {
         match self {
             ScalarOrTensor::Tensor(t) => t.to_dtype(dtype),
             ScalarOrTensor::Scalar(s)
-                if ctx.mode() == crate::Mode::DeferAndFuse && is_rewrite_literal(s.as_f64()) =>
+                if ctx.mode() == crate::Mode::DeferAndFuse
+                    && is_rewrite_literal(s.as_f64(), dtype) =>
             {
                 ctx.full(s.as_f64(), &[], dtype)
             }
@@ -117,16 +118,7 @@ impl ScalarOrTensor {
     }
 }
 
-/// Scalars whose value the rewrites need to see: identities (0, 1), small
-/// integers of powers and halves, and the tanh-GELU coefficients. Every other
-/// scalar (a learning rate, an epsilon, a step count) is a runtime parameter,
-/// so changing it recompiles nothing.
-pub fn is_rewrite_literal(v: f64) -> bool {
-    const EXACT: [f64; 9] = [0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -0.5, -2.0, 0.044715];
-    // sqrt(2/pi) as users write it, to about seven digits.
-    let gelu_coefficient = (v - (2.0 / std::f64::consts::PI).sqrt()).abs() < 1e-7;
-    EXACT.contains(&v) || gelu_coefficient
-}
+pub use rewrite_rules::literals::is_rule_literal as is_rewrite_literal;
 
 /// Constructors.
 impl Context {

@@ -38,15 +38,16 @@ use trace_ir::DType;
 
 use crate::conditions::{attr_of, constant, meta_of, Check};
 use crate::guard::{checked, var, TensorRewrite};
+use crate::literals::{ONE, ZERO};
 
 /// A zero that leaves every x unchanged when added.
 fn additive_identity(name: &str) -> Check {
-    constant(name, |c, d| c == 0.0 && (!d.is_float() || c.is_sign_negative()))
+    constant(name, |c, d| c == ZERO && (!d.is_float() || c.is_sign_negative()))
 }
 
 /// A zero that leaves every x unchanged when subtracted.
 fn subtractive_identity(name: &str) -> Check {
-    constant(name, |c, d| c == 0.0 && (!d.is_float() || c.is_sign_positive()))
+    constant(name, |c, d| c == ZERO && (!d.is_float() || c.is_sign_positive()))
 }
 
 /// Whether every value of `from` is exactly representable in `to`.
@@ -69,8 +70,8 @@ pub fn rules() -> Vec<TensorRewrite> {
     vec![
         rewrite!("mul-commute"; "(mul ?a ?b)" => { checked("(mul ?b ?a)") }),
         rewrite!("add-commute"; "(add ?a ?b)" => { checked("(add ?b ?a)") }),
-        rewrite!("mul-one"; "(mul ?x ?one)" => { checked("?x") } if constant("?one", |c, _| c == 1.0)),
-        rewrite!("div-one"; "(div ?x ?one)" => { checked("?x") } if constant("?one", |c, _| c == 1.0)),
+        rewrite!("mul-one"; "(mul ?x ?one)" => { checked("?x") } if constant("?one", |c, _| c == ONE)),
+        rewrite!("div-one"; "(div ?x ?one)" => { checked("?x") } if constant("?one", |c, _| c == ONE)),
         rewrite!("sub-zero"; "(sub ?x ?zero)" => { checked("?x") } if subtractive_identity("?zero")),
         rewrite!("add-zero"; "(add ?x ?zero)" => { checked("?x") } if additive_identity("?zero")),
         rewrite!("neg-neg"; "(neg (neg ?x))" => { checked("?x") }),

@@ -26,7 +26,12 @@ pub fn constant(name: &str, pred: impl Fn(f64, DType) -> bool + Send + Sync + 's
 /// `name` is a literal constant equal to `target` up to the rounding of its
 /// dtype plus `1e-6`: users write `0.7978845608` for `sqrt(2 / pi)`.
 pub fn near(name: &str, target: f64) -> Check {
-    constant(name, move |c, d| (c - target).abs() <= 1e-6 + 2.0 * unit_roundoff(d) * target.abs())
+    constant(name, move |c, d| is_near(c, target, d))
+}
+
+/// `c` equals `target` up to the rounding of `dtype` plus `1e-6` ([`near`]).
+pub fn is_near(c: f64, target: f64, dtype: DType) -> bool {
+    (c - target).abs() <= 1e-6 + 2.0 * unit_roundoff(dtype) * target.abs()
 }
 
 /// Every condition.

@@ -48,6 +48,7 @@ pub mod fold;
 pub mod guard;
 pub mod language;
 pub mod layout;
+pub mod literals;
 pub mod numeric;
 pub mod optimize;
 pub mod patterns;

@@ -25,6 +25,7 @@
 //! evaluates the same way; user spellings (`c / sqrt(..)`, the GELU
 //! constants) may differ from the fused form by rounding.
 
+use crate::literals::{HALF, ONE, THREE, TWO};
 use egg::rewrite;
 use trace_ir::consts::{GELU_TANH_BETA, GELU_TANH_KAPPA};
 
@@ -58,8 +59,8 @@ pub fn rules() -> Vec<TensorRewrite> {
     let var = format!("(mean (mul {centered} {centered}) ?axes true)");
     let gelu_constants = || {
         all(vec![
-            near("?half", 0.5),
-            near("?one", 1.0),
+            near("?half", HALF),
+            near("?one", ONE),
             near("?c", GELU_TANH_BETA),
             near("?k", GELU_TANH_KAPPA),
         ])
@@ -76,13 +77,13 @@ pub fn rules() -> Vec<TensorRewrite> {
         rewrite!("rms-norm"; "(mul ?x (rsqrt (add (mean (mul ?x ?x) ?axes true) ?eps)))"
             => { checked("(rms_norm ?x ?eps ?axes)") }),
         rewrite!("rms-norm-pow"; "(mul ?x (rsqrt (add (mean (pow ?x ?two) ?axes true) ?eps)))"
-            => { checked("(rms_norm ?x ?eps ?axes)") } if constant("?two", |c, _| c == 2.0)),
+            => { checked("(rms_norm ?x ?eps ?axes)") } if constant("?two", |c, _| c == TWO)),
         rewrite!("gelu-tanh"; { any_of(gelu_spellings(&["(mul (mul ?x ?x) ?x)", "(mul ?x (mul ?x ?x))"])) }
             => { checked("(gelu_tanh ?x)") } if gelu_constants()),
         rewrite!("gelu-tanh-pow"; { any_of(gelu_spellings(&["(pow ?x ?three)"])) }
-            => { checked("(gelu_tanh ?x)") } if gelu_constants() if constant("?three", |c, _| c == 3.0)),
+            => { checked("(gelu_tanh ?x)") } if gelu_constants() if constant("?three", |c, _| c == THREE)),
         rewrite!("silu"; "(mul ?x (sigmoid ?x))" => { checked("(silu ?x)") }),
         rewrite!("silu-div"; "(div ?x (add ?one (exp (neg ?x))))" => { checked("(silu ?x)") }
-            if near("?one", 1.0)),
+            if near("?one", ONE)),
     ]
 }
