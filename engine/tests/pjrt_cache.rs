@@ -29,12 +29,20 @@ fn reference() -> Vec<f32> {
     workload(&Context::with_mode(Mode::Strict).unwrap()).unwrap()
 }
 
+/// The plugin named by `TORCH_TPU_PJRT_PLUGIN` (what `Config::from_env`
+/// would read); `None` searches.
+fn plugin_from_env() -> Option<PathBuf> {
+    std::env::var_os("TORCH_TPU_PJRT_PLUGIN").filter(|p| !p.is_empty()).map(Into::into)
+}
+
+/// A context on `plugin`, else the one `TORCH_TPU_PJRT_PLUGIN` names, else
+/// the one discovery finds.
 fn on_pjrt(mode: Mode, cache_dir: &Path, plugin: Option<PathBuf>) -> Context {
     let config = Config {
         mode,
         backend: BackendKind::Pjrt,
         cache_dir: Some(cache_dir.into()),
-        pjrt_plugin: plugin,
+        pjrt_plugin: plugin.or_else(plugin_from_env),
         ..Config::default()
     };
     Context::new(config)
@@ -219,7 +227,11 @@ fn another_plugin_build_never_loads_our_executables() {
 #[test]
 fn both_cpu_plugins_run_and_name_different_identities() {
     use runtime::pjrt::PjrtBackend;
-    let first = PjrtBackend::new(runtime::MemoryTracker::new()).unwrap();
+    let first = match plugin_from_env() {
+        Some(path) => PjrtBackend::with_plugin(&path, runtime::MemoryTracker::new()),
+        None => PjrtBackend::new(runtime::MemoryTracker::new()),
+    }
+    .unwrap();
     let second = PjrtBackend::with_plugin(&second_plugin(), runtime::MemoryTracker::new()).unwrap();
     eprintln!("plugin 1: {}\nplugin 2: {}", first.describe(), second.describe());
     let (a, b) = (first.identity().unwrap(), second.identity().unwrap());

@@ -6,6 +6,7 @@
 
 #![cfg(feature = "pjrt")]
 
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use deferfuse::differential::{check_generated_on, compare};
@@ -16,8 +17,15 @@ use deferfuse::{
 use runtime::pjrt::PjrtBackend;
 use runtime::MemoryTracker;
 
+/// The plugin named by `TORCH_TPU_PJRT_PLUGIN` (what `Config::from_env`
+/// would read); `None` searches.
+fn plugin_from_env() -> Option<PathBuf> {
+    std::env::var_os("TORCH_TPU_PJRT_PLUGIN").filter(|p| !p.is_empty()).map(Into::into)
+}
+
 fn context(mode: Mode, backend: BackendKind) -> Context {
-    Context::new(Config { mode, backend, ..Config::default() }).unwrap_or_else(|e| {
+    let config = Config { mode, backend, pjrt_plugin: plugin_from_env(), ..Config::default() };
+    Context::new(config).unwrap_or_else(|e| {
         panic!(
             "the PJRT tests need a PJRT plugin: run `.ci/setup_python` (installs the xla-cpu-pjrt wheel into .venv) \
              or set TORCH_TPU_PJRT_PLUGIN=/path/to/plugin.so. Error: {e}"
@@ -303,9 +311,11 @@ fn donated_state_keeps_results_right_and_held_inputs_readable() {
 fn shared_backend() -> &'static Arc<PjrtBackend> {
     static BACKEND: OnceLock<Arc<PjrtBackend>> = OnceLock::new();
     BACKEND.get_or_init(|| {
-        Arc::new(
-            PjrtBackend::new(MemoryTracker::new()).expect("a PJRT plugin (run .ci/setup_python)"),
-        )
+        let backend = match plugin_from_env() {
+            Some(path) => PjrtBackend::with_plugin(&path, MemoryTracker::new()),
+            None => PjrtBackend::new(MemoryTracker::new()),
+        };
+        Arc::new(backend.expect("a PJRT plugin (run .ci/setup_python)"))
     })
 }
 

@@ -9,7 +9,7 @@ mod pjrt_common;
 use half::bf16;
 use pjrt_common::*;
 use rewrite_rules::program::Program;
-use runtime::pjrt::{PjrtBackend, Plugin};
+use runtime::pjrt::{plugin_candidates, PjrtBackend, Plugin};
 use runtime::{Backend, HostData, MemoryTracker};
 use trace_ir::shape::shape;
 use trace_ir::{ArgReduceOp, BinaryOp, DType, Distribution, Op, ReduceOp, Trace, UnaryOp};
@@ -424,6 +424,11 @@ fn bad_plugin_paths_give_clear_errors() {
     let missing = std::path::Path::new("/nonexistent/dir/plugin.so");
     let e = PjrtBackend::with_plugin(missing, MemoryTracker::new()).unwrap_err().to_string();
     assert!(e.contains("/nonexistent/dir/plugin.so"), "{e}");
+    // A plugin named explicitly is the only candidate, and must be a file.
+    let e = plugin_candidates(Some(missing)).unwrap_err().to_string();
+    assert!(e.contains("/nonexistent/dir/plugin.so") && e.contains("does not name a file"), "{e}");
+    let real = pjrt().plugin().path.clone();
+    assert_eq!(plugin_candidates(Some(&real)).unwrap(), vec![real]);
 
     let dir = std::env::temp_dir().join(format!("deferfuse-pjrt-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -14,10 +14,21 @@ pub fn meta(dims: &[usize], dtype: DType) -> Meta {
     Meta::new(shape(dims), dtype)
 }
 
-/// The PJRT backend on the plugin discovery finds. Fails the test (never
-/// skips it) when there is no plugin.
+/// The plugin named by `TORCH_TPU_PJRT_PLUGIN`, as the engine's `Config`
+/// reads it (the runtime reads no environment itself); `None` searches.
+pub fn plugin_from_env() -> Option<std::path::PathBuf> {
+    std::env::var_os("TORCH_TPU_PJRT_PLUGIN").filter(|p| !p.is_empty()).map(Into::into)
+}
+
+/// The PJRT backend on the plugin `TORCH_TPU_PJRT_PLUGIN` names, else the
+/// one discovery finds. Fails the test (never skips it) when there is no
+/// plugin.
 pub fn pjrt() -> PjrtBackend {
-    match PjrtBackend::new(MemoryTracker::new()) {
+    let backend = match plugin_from_env() {
+        Some(path) => PjrtBackend::with_plugin(&path, MemoryTracker::new()),
+        None => PjrtBackend::new(MemoryTracker::new()),
+    };
+    match backend {
         Ok(b) => b,
         Err(e) => panic!(
             "the PJRT tests need a PJRT plugin: run `.ci/setup_python` (installs the xla-cpu-pjrt wheel into .venv) \
