@@ -40,6 +40,7 @@ _libs: list[torch.library.Library] = []
 
 
 _ATTR = _handles._ATTR
+_local = _state.local
 
 
 def _unwrap(x: Any) -> Any:
@@ -56,7 +57,7 @@ def _unwrap(x: Any) -> Any:
         raise Unsupported("a CPU tensor with dimensions among the operands")
     if h is not None and h.spec is None:
         root = h.root
-        if root.owner is _state.current and x.shape == root.shape:
+        if root.owner is _local.current and x.shape == root.shape:
             return root.value  # the hot path: a whole root in the current mode
     v = read(x, h)
     if isinstance(v, torch.Tensor):
@@ -391,7 +392,7 @@ def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
 #: decomposition then takes its own path (a lowering, a view, ...). Only ops
 #: whose decompositions were measured to lower completely on the OpInfo samples
 #: are listed (see bindings/conformance/opinfo.py); the others would trade one
-#: CPU fallback for several. `_DEFERFUSE_DECOMPOSE=all` (a developer knob, read
+#: CPU fallback for several. `TORCH_TPU_DECOMPOSE=all` (a developer knob, read
 #: at import) tries every decomposition, to find new ones.
 DECOMPOSED: frozenset[str] = frozenset(
     {
@@ -478,11 +479,10 @@ def decomposed_kernel(op: torch._ops.OpOverload, decomposition: Callable[..., An
 
 
 def _decompositions() -> dict[str, Callable[..., Any]]:
-    import os
-
     from torch._decomp import decomposition_table
 
-    every = os.environ.get("_DEFERFUSE_DECOMPOSE") == "all"
+    # TORCH_TPU_DECOMPOSE, parsed (and validated) by the engine.
+    every = _state.config()["decompose"] == "all"
     return {
         op.name(): fn
         for op, fn in decomposition_table.items()
