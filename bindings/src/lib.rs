@@ -4,6 +4,7 @@
 //! error becomes a `deferfuse.EngineError` whose message names the op and
 //! the shapes; nothing here panics across the FFI.
 
+mod config;
 mod engine;
 mod host;
 mod tensor;
@@ -27,5 +28,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyTensor>()?;
     m.add("EngineError", m.py().get_type::<EngineError>())?;
+    m.add_function(wrap_pyfunction!(config::env_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config::parse_mode, m)?)?;
     Ok(())
 }

@@ -212,6 +212,10 @@ pub struct Config {
     pub pjrt_plugin: Option<std::path::PathBuf>,
     /// Where flushes write fusion dumps ([`crate::dump`]); `None` writes none.
     pub fusion_dump: Option<std::path::PathBuf>,
+    /// The PyTorch binding runs every aten op that has a PyTorch
+    /// decomposition as that decomposition (`TORCH_TPU_DECOMPOSE=all`), not
+    /// only its measured list. The engine itself does not read it.
+    pub decompose_all: bool,
 }
 
 impl Default for Config {
@@ -229,6 +233,7 @@ impl Default for Config {
             backend: BackendKind::Cpu,
             pjrt_plugin: None,
             fusion_dump: None,
+            decompose_all: false,
         }
     }
 }
@@ -314,7 +319,26 @@ impl Config {
         config.pjrt_plugin = get(ENV_PJRT_PLUGIN).filter(|v| !v.trim().is_empty()).map(Into::into);
         config.fusion_dump =
             get(ENV_FUSION_DUMP).filter(|v| !v.trim().is_empty()).map(|v| v.trim().into());
+        if let Some(v) = get(ENV_DECOMPOSE) {
+            config.decompose_all = parse_decompose(&v)?;
+        }
         Ok(config)
+    }
+}
+
+/// Which aten ops the PyTorch binding decomposes: `all`, or `default` (its
+/// measured list; also what an empty or unset value means).
+pub const ENV_DECOMPOSE: &str = "TORCH_TPU_DECOMPOSE";
+
+fn parse_decompose(s: &str) -> Result<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "all" => Ok(true),
+        "default" | "" => Ok(false),
+        _ => Err(Error::Config {
+            var: ENV_DECOMPOSE.into(),
+            value: s.into(),
+            valid: "all, default (or unset)".into(),
+        }),
     }
 }
 

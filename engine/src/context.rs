@@ -24,7 +24,7 @@ pub(crate) struct Shared {
     /// What the last DeferAndFuse flush ran, for inspection.
     last_flush: Mutex<Option<FlushReport>>,
     /// The Strict stream; absent in the other modes.
-    stream: Option<Stream>,
+    pub(crate) stream: Option<Stream>,
     /// The DeferAndFuse pending trace. Its lock also serializes flushes.
     pending: Mutex<PendingTrace>,
     ops_recorded: AtomicU64,

@@ -1,6 +1,8 @@
 //! Tensors crossing contexts. The PyTorch binding keeps one context per mode
-//! and switches between them at run time, so a value made in one mode is
-//! read by ops of another.
+//! and each thread picks its own, so a value made in one mode is read by ops
+//! of another: ops with several tensor operands (binary ops, `where_cond`,
+//! `cat`, `matmul`) import an operand of another context with
+//! [`Tensor::to_context`] instead of refusing it.
 
 use trace_ir::Result;
 

@@ -103,7 +103,9 @@ impl ScalarOrTensor {
     #[track_caller]
     fn to_tensor(&self, ctx: &Context, dtype: DType) -> Result<Tensor> {
         match self {
-            ScalarOrTensor::Tensor(t) => t.to_dtype(dtype),
+            // A tensor of another context (the binding's other modes) is
+            // imported, as `to_context` does, rather than refused.
+            ScalarOrTensor::Tensor(t) => t.to_context(ctx)?.to_dtype(dtype),
             ScalarOrTensor::Scalar(s)
                 if ctx.mode() == crate::Mode::DeferAndFuse
                     && is_rewrite_literal(s.as_f64(), dtype) =>
@@ -237,11 +239,6 @@ impl Tensor {
     #[track_caller]
     fn binary(&self, kind: BinaryOp, rhs: ScalarOrTensor) -> Result<Tensor> {
         let name = kind.name();
-        if let ScalarOrTensor::Tensor(t) = &rhs {
-            if !std::sync::Arc::ptr_eq(&t.0.ctx, &self.0.ctx) {
-                return Err(Error::attr(name, "operands belong to different contexts"));
-            }
-        }
         // Check shapes before any cast is recorded, so a bad call records nothing.
         broadcast_shapes(name, self.shape(), rhs.shape())?;
         let common = result_type(&[self.operand(), rhs.operand()]);
@@ -461,12 +458,14 @@ impl Tensor {
         let dtype =
             result_type(&tensors.iter().map(|t| Operand::Tensor(t.dtype())).collect::<Vec<_>>());
         // A loop, not a closure: a closure would end the `#[track_caller]` chain here.
+        // Tensors of other contexts are imported into the first one's.
+        let ctx = first.ctx();
         let mut cast = Vec::with_capacity(tensors.len());
         for t in tensors {
-            cast.push(t.to_dtype(dtype)?);
+            cast.push(t.to_context(&ctx)?.to_dtype(dtype)?);
         }
         let refs: Vec<&Tensor> = cast.iter().collect();
-        first.ctx().record(Op::Concat { axis }, &refs)
+        ctx.record(Op::Concat { axis }, &refs)
     }
 }
 
@@ -484,7 +483,9 @@ impl Tensor {
             ));
         }
         let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
-        let b = if rhs.rank() == 1 { rhs.unsqueeze(-1)? } else { rhs.clone() };
+        // A right-hand side of another context is imported into this one's.
+        let rhs_here = rhs.to_context(&self.ctx())?;
+        let b = if rhs.rank() == 1 { rhs_here.unsqueeze(-1)? } else { rhs_here };
         let out = self.ctx().record(Op::MatMul, &[&a, &b]).map_err(|e| match e {
             // Name the user's shapes, not the promoted ones.
             Error::Shape { msg, .. } => Error::Shape {

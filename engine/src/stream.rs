@@ -18,6 +18,10 @@ pub(crate) enum Job {
 
 pub(crate) struct Stream {
     sender: Sender<Job>,
+    /// The process that started the worker thread. `fork()` copies the
+    /// stream into the child but not its thread, so a child must never wait
+    /// on it.
+    pid: u32,
 }
 
 impl Stream {
@@ -43,10 +47,19 @@ impl Stream {
             .map_err(|e| {
                 Error::backend("stream", format!("cannot start the stream thread: {e}"))
             })?;
-        Ok(Stream { sender })
+        Ok(Stream { sender, pid: std::process::id() })
+    }
+
+    /// True in a child forked after this stream started: its worker thread
+    /// is not running here, and nothing queued on it will ever finish.
+    pub fn forked(&self) -> bool {
+        self.pid != std::process::id()
     }
 
     pub fn submit(&self, job: Job) -> Result<()> {
+        if self.forked() {
+            return Err(forked_error());
+        }
         self.sender.send(job).map_err(|_| Error::backend("stream", "the stream thread has stopped"))
     }
 
@@ -56,6 +69,16 @@ impl Stream {
         self.submit(Job::Barrier(tx))?;
         rx.recv().map_err(|_| Error::backend("stream", "the stream thread has stopped"))
     }
+}
+
+/// The error of a stream used in a forked child.
+pub(crate) fn forked_error() -> Error {
+    Error::backend(
+        "stream",
+        "this Strict context was created before the process forked, and its stream thread \
+         does not exist in the child; create a new context in the child (the PyTorch binding \
+         does this by itself), or use the `spawn` start method",
+    )
 }
 
 fn run_job(

@@ -52,6 +52,10 @@ impl TensorInner {
             match &*cell {
                 Cell::Ready(b) => return Ok(b.clone()),
                 Cell::Failed(e) => return Err(Error::Poisoned(Box::new(e.clone()))),
+                // Queued on the stream of a parent process: waiting would hang.
+                Cell::Queued if self.ctx.stream.as_ref().is_some_and(|s| s.forked()) => {
+                    return Err(crate::stream::forked_error())
+                }
                 Cell::Queued => cell = self.ready.wait(cell).unwrap(),
                 Cell::Deferred { .. } => {
                     return Err(Error::backend(

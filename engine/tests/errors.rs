@@ -119,3 +119,17 @@ fn debug_mode_names_the_op_and_first_bad_index() {
         assert!(x.log().unwrap().item::<f32>().unwrap().is_nan());
     }
 }
+
+#[test]
+fn decompose_is_all_or_default_and_names_its_values() {
+    let get = |value: &'static str| {
+        move |k: &str| (k == "TORCH_TPU_DECOMPOSE").then(|| value.to_string())
+    };
+    assert!(Config::from_vars(get("ALL")).unwrap().decompose_all);
+    assert!(!Config::from_vars(get("default")).unwrap().decompose_all);
+    assert!(!Config::from_vars(get("")).unwrap().decompose_all);
+    assert!(!Config::from_vars(|_| None).unwrap().decompose_all);
+    let err = Config::from_vars(get("some")).unwrap_err().to_string();
+    assert!(err.contains("TORCH_TPU_DECOMPOSE") && err.contains("\"some\""), "{err}");
+    assert!(err.contains("all") && err.contains("default"), "{err}");
+}

@@ -40,6 +40,7 @@ _libs: list[torch.library.Library] = []
 
 
 _ATTR = _handles._ATTR
+_local = _state.local
 
 
 def _unwrap(x: Any) -> Any:
@@ -56,7 +57,7 @@ def _unwrap(x: Any) -> Any:
         raise Unsupported("a CPU tensor with dimensions among the operands")
     if h is not None and h.spec is None:
         root = h.root
-        if root.owner is _state.current and x.shape == root.shape:
+        if root.owner is _local.current and x.shape == root.shape:
             return root.value  # the hot path: a whole root in the current mode
     v = read(x, h)
     if isinstance(v, torch.Tensor):
@@ -74,6 +75,54 @@ def _wrap(v: Any) -> Any:
 
 def _map_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(map(_unwrap, args)), ({k: _unwrap(v) for k, v in kwargs.items()} if kwargs else kwargs)
+
+
+# ---- devices -------------------------------------------------------------------
+
+#: PyTorch's error for a CPU tensor among a device op's operands (CUDA's wording).
+MIXED_DEVICES = (
+    "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu!"
+)
+
+#: Ops whose `indices` may be CPU tensors beside a `tpu` tensor, as on CUDA
+#: (`x[torch.tensor([0, 2])]`): PyTorch moves them to the device itself.
+_CPU_INDICES_OK = frozenset(
+    {
+        "aten::index.Tensor",
+        "aten::index.Tensor_out",
+        "aten::index_put",
+        "aten::index_put_",
+        "aten::_index_put_impl_",
+        "aten::_unsafe_index.Tensor",
+        "aten::_unsafe_index_put",
+    }
+)
+
+
+def _has_cpu_tensor(x: Any) -> bool:
+    """A CPU tensor with dimensions (zero-dimensional ones are scalars)."""
+    if isinstance(x, (list, tuple)):
+        return any(_has_cpu_tensor(v) for v in x)
+    return isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() != 0
+
+
+def _has_tpu_tensor(x: Any) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_has_tpu_tensor(v) for v in x)
+    return is_tpu(x)
+
+
+def check_devices(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
+    """Raises PyTorch's error when CPU tensors with dimensions meet `tpu`
+    tensors, as CUDA does, instead of computing on the CPU. Runs where an op
+    leaves the engine (the fallback), so the hot path pays nothing."""
+    names = [a.name for a in op._schema.arguments]
+    skip = "indices" if op.name() in _CPU_INDICES_OK else None
+    named = [(names[i] if i < len(names) else None, v) for i, v in enumerate(args)]
+    named.extend(kwargs.items())
+    values = [v for n, v in named if n != skip]
+    if any(_has_cpu_tensor(v) for v in values) and any(_has_tpu_tensor(v) for v in (*args, *kwargs.values())):
+        raise RuntimeError(MIXED_DEVICES)
 
 
 # ---- the CPU fallback ----------------------------------------------------------
@@ -97,6 +146,7 @@ def cpu_fallback(
     op: torch._ops.OpOverload, *args: Any, why: str = "no engine lowering yet", **kwargs: Any
 ) -> Any:
     name = op.name()
+    check_devices(op, args, kwargs)
     _state.count_fallback(name, why)
 
     def to_cpu_arg(x: Any) -> Any:
@@ -245,6 +295,10 @@ def view_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
                 raise
             # Our tensors report contiguous strides, so `x.t().contiguous().view(...)`
             # reaches here without a copy: make the copy now, as contiguous() would have.
+            # Only if a contiguous tensor takes the view: a shape that is wrong
+            # on its own (`view(-1, 7)` of 10 elements) raises PyTorch's error
+            # here, instead of copying and failing again forever.
+            op(torch.empty(tuple(self.shape), dtype=self.dtype, device="meta"), *args, **kwargs)
             fresh = new_tensor(read(self))
             return kernel(fresh, *args, **kwargs)
         if isinstance(out, (list, tuple)):
@@ -307,6 +361,7 @@ def cpu_twin(op: torch._ops.OpOverload, cpu_op: torch._ops.OpOverload) -> Callab
     their CPU twin (convolution for convolution_overrideable)."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        check_devices(op, args, kwargs)
         _state.count_fallback(op.name(), "no engine convolution yet")
         cpu_args = tree_map(lambda x: to_cpu(x) if is_tpu(x) else x, args)
         result = cpu_op(*cpu_args, **kwargs)
@@ -321,6 +376,8 @@ def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
     size, which our storage-less tensors do not have.)"""
 
     def kernel(self: torch.Tensor, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if _has_cpu_tensor(src):  # `copy_` below would take it
+            raise RuntimeError(MIXED_DEVICES)
         out = aten.clone.default(self)
         view(out, *args, **kwargs).copy_(src)
         return out
@@ -335,7 +392,7 @@ def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
 #: decomposition then takes its own path (a lowering, a view, ...). Only ops
 #: whose decompositions were measured to lower completely on the OpInfo samples
 #: are listed (see bindings/conformance/opinfo.py); the others would trade one
-#: CPU fallback for several. `_DEFERFUSE_DECOMPOSE=all` (a developer knob, read
+#: CPU fallback for several. `TORCH_TPU_DECOMPOSE=all` (a developer knob, read
 #: at import) tries every decomposition, to find new ones.
 DECOMPOSED: frozenset[str] = frozenset(
     {
@@ -422,11 +479,10 @@ def decomposed_kernel(op: torch._ops.OpOverload, decomposition: Callable[..., An
 
 
 def _decompositions() -> dict[str, Callable[..., Any]]:
-    import os
-
     from torch._decomp import decomposition_table
 
-    every = os.environ.get("_DEFERFUSE_DECOMPOSE") == "all"
+    # TORCH_TPU_DECOMPOSE, parsed (and validated) by the engine.
+    every = _state.config()["decompose"] == "all"
     return {
         op.name(): fn
         for op, fn in decomposition_table.items()

@@ -33,6 +33,8 @@ Spec = tuple[tuple[int, ...], tuple[int, ...], int]
 
 _ATTR = "_deferfuse"
 _create = torch._C._acc.create_empty_tensor
+#: The calling thread's mode and context (`_local.current` is the hot path's read).
+_local = _state.local
 
 
 class Root:
@@ -46,12 +48,12 @@ class Root:
     def __init__(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
         self.value = value
         self.shape = tuple(value.shape) if shape is None else shape
-        self.owner = _state.current if type(value) is _engine.Tensor else None
+        self.owner = _local.current if type(value) is _engine.Tensor else None
 
     def set(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
         self.value = value
         self.shape = tuple(value.shape) if shape is None else shape
-        self.owner = _state.current if type(value) is _engine.Tensor else None
+        self.owner = _local.current if type(value) is _engine.Tensor else None
 
 
 class Handle:
@@ -143,7 +145,7 @@ def read(t: torch.Tensor, h: Handle | None = None) -> Value:
     if h is None:
         h = handle(t)
     root = h.root
-    if h.spec is None and root.owner is _state.current and t.shape == root.shape:
+    if h.spec is None and root.owner is _local.current and t.shape == root.shape:
         return root.value  # the hot path: a whole root in the current mode
     v = _current(root)
     spec = _spec(t, h, root.shape)

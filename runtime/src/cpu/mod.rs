@@ -23,6 +23,7 @@ pub mod erf;
 pub mod fused;
 mod layout;
 mod matmul;
+mod pool;
 pub mod random;
 mod reduce;
 mod rows;
@@ -340,8 +341,10 @@ impl CpuExecutable {
     }
 }
 
-impl Executable for CpuExecutable {
-    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+impl CpuExecutable {
+    /// [`Executable::run`] on the calling thread (its kernels use the rayon
+    /// pool [`pool::install`] picked).
+    fn run_here(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
         let p = &self.program;
         if inputs.len() != p.params.len() {
             return Err(internal(format!(
@@ -406,6 +409,12 @@ impl Executable for CpuExecutable {
                 vals[o].clone().ok_or_else(|| internal(format!("output value {o} has no value")))
             })
             .collect()
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+        pool::install(|| self.run_here(inputs))
     }
 
     /// Loop and matmul kernels read their sizes from their inputs, so only
