@@ -68,9 +68,9 @@ impl PendingTrace {
                 Ok(node)
             }
             Cell::Failed(e) => Err(Error::Poisoned(Box::new(e.clone()))),
-            Cell::Deferred { .. } | Cell::Queued => Err(Error::backend(
+            Cell::Deferred { .. } | Cell::Queued => Err(Error::internal(
                 "engine",
-                "internal: tensor from another flush or mode used in DeferAndFuse",
+                "tensor from another flush or mode used in DeferAndFuse",
             )),
         }
     }

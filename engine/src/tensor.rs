@@ -58,9 +58,9 @@ impl TensorInner {
                 }
                 Cell::Queued => cell = self.ready.wait(cell).unwrap(),
                 Cell::Deferred { .. } => {
-                    return Err(Error::backend(
+                    return Err(Error::internal(
                         "engine",
-                        "internal: a deferred value was read before its flush",
+                        "a deferred value was read before its flush",
                     ))
                 }
             }

@@ -325,10 +325,7 @@ impl<'a> Planner<'a> {
                     }
                     let after = self.realized.iter().filter(|r| r.is_some()).count();
                     if after == before {
-                        return Err(Error::backend(
-                            "planner",
-                            "internal: planning made no progress",
-                        ));
+                        return Err(Error::internal("planner", "planning made no progress"));
                     }
                 }
             }
@@ -894,10 +891,7 @@ impl<'a> Planner<'a> {
             }
         }
         if order.len() != drafts.len() {
-            return Err(Error::backend(
-                "planner",
-                "internal: kernels depend on each other in a cycle",
-            ));
+            return Err(Error::internal("planner", "kernels depend on each other in a cycle"));
         }
         let mut kernels = Vec::with_capacity(drafts.len());
         let mut computed_in: Vec<Option<usize>> = vec![None; t.len()];
@@ -946,7 +940,7 @@ impl<'a> Planner<'a> {
             Draft::MatMul(n) => {
                 let [a, b] = self
                     .matmul_operands(*n)
-                    .map_err(|_| Error::backend("planner", "internal: matmul operands"))?;
+                    .map_err(|_| Error::internal("planner", "matmul operands"))?;
                 let mut nodes: Vec<NodeId> = a.2.iter().chain(&b.2).copied().collect();
                 nodes.push(*n);
                 nodes.sort_unstable();
@@ -982,7 +976,7 @@ impl<'a> Planner<'a> {
         if let Some(m) = l.mm {
             let [a, b] = self
                 .matmul_operands(m)
-                .map_err(|_| Error::backend("planner", "internal: matmul operands"))?;
+                .map_err(|_| Error::internal("planner", "matmul operands"))?;
             e.inputs.push(a.0);
             e.inputs.push(b.0);
             e.reserved = 2;
@@ -1092,9 +1086,9 @@ impl<'a> Planner<'a> {
                     round(&mut e, r)
                 }
                 other => {
-                    return Err(Error::backend(
+                    return Err(Error::internal(
                         "planner",
-                        format!("internal: {} in a loop kernel", other.name()),
+                        format!("{} in a loop kernel", other.name()),
                     ))
                 }
             };
