@@ -1,6 +1,7 @@
 //! `Engine`: one deferfuse context, in one mode, seen from Python.
 
-use deferfuse::{Config, Context, DType, HostData, Mode, Tensor};
+use deferfuse::{BoundsMessage, Config, Context, DType, HostData, IndexBound, Mode, Tensor};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -91,6 +92,40 @@ impl PyEngine {
     /// True when `tensor` belongs to this context.
     fn owns(&self, tensor: &PyTensor) -> bool {
         tensor.inner.context().same_as(&self.ctx)
+    }
+
+    /// Checks that the index tensors (of one shape, read together element by
+    /// element) are in range for the sizes of the dimensions they index, as
+    /// the PyTorch op `op` would; `kind` names PyTorch's message family
+    /// (`out_of_bounds`, `gather_out_of_bounds`, `index_copy`,
+    /// `out_of_range_in_self`, `indices_out_of_data`, `take`,
+    /// `embedding_bag`, `embedding_bag_idx`, `target`) and `dims` the dimension numbers it
+    /// prints. Debug raises here; the other modes at the next read or sync.
+    fn check_indices(
+        &self,
+        indices: Vec<PyRef<'_, PyTensor>>,
+        sizes: Vec<usize>,
+        dims: Vec<usize>,
+        op: &str,
+        kind: &str,
+        site: &str,
+    ) -> PyResult<()> {
+        let message = BoundsMessage::from_name(kind)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown bounds message {kind:?}")))?;
+        if sizes.len() != indices.len() || dims.len() != indices.len() {
+            return Err(PyValueError::new_err(format!(
+                "check_indices: {} indices, {} sizes and {} dims",
+                indices.len(),
+                sizes.len(),
+                dims.len()
+            )));
+        }
+        let bounds: Vec<IndexBound<'_>> = indices
+            .iter()
+            .zip(sizes.iter().zip(&dims))
+            .map(|(t, (&size, &dim))| IndexBound { index: &t.inner, size, dim })
+            .collect();
+        self.ctx.check_indices(&bounds, op, message, site).map_err(to_py)
     }
 
     /// Counters of this context as nested dicts of numbers: ops recorded,

@@ -10,7 +10,7 @@ mod host;
 mod tensor;
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyIndexError, PyRuntimeError};
 use pyo3::prelude::*;
 
 pub use engine::PyEngine;
@@ -18,9 +18,17 @@ pub use tensor::PyTensor;
 
 create_exception!(_engine, EngineError, PyRuntimeError, "An error raised by the deferfuse engine.");
 
-/// Converts an engine error into the Python exception.
+/// Converts an engine error into the Python exception. An index out of
+/// range raises what PyTorch raises for it (`IndexError` or
+/// `RuntimeError`), so code that catches PyTorch's errors catches ours.
 pub(crate) fn to_py(e: deferfuse::Error) -> PyErr {
-    EngineError::new_err(e.to_string())
+    match &e {
+        deferfuse::Error::IndexOutOfBounds(bad) => match bad.class {
+            deferfuse::IndexErrorClass::IndexError => PyIndexError::new_err(e.to_string()),
+            deferfuse::IndexErrorClass::RuntimeError => PyRuntimeError::new_err(e.to_string()),
+        },
+        _ => EngineError::new_err(e.to_string()),
+    }
 }
 
 #[pymodule]

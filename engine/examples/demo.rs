@@ -9,7 +9,13 @@
 //! Per mode it prints the wall time of the block (after one warm-up run that
 //! fills the caches), the peak bytes the context held, and the largest
 //! absolute difference from Strict's result.
+//!
+//! Exit codes: 0 success; 1 the engine failed (the error is printed); 4 the
+//! report could not be written (standard output closed, as by `| head -1`,
+//! or full, as `> /dev/full`).
 
+use std::io::Write;
+use std::process::ExitCode;
 use std::time::Instant;
 
 use deferfuse::{Config, Context, DType, GeluApproximation, Mode, Result, Tensor};
@@ -80,34 +86,57 @@ fn run(mode: Mode) -> Result<Report> {
     })
 }
 
-fn main() -> Result<()> {
+/// The exit code of a report that could not be written.
+const EXIT_OUTPUT: u8 = 4;
+
+fn main() -> ExitCode {
     let json = std::env::args().any(|a| a == "--json");
-    let reports = Mode::ALL.into_iter().map(run).collect::<Result<Vec<_>>>()?;
+    let reports = match Mode::ALL.into_iter().map(run).collect::<Result<Vec<_>>>() {
+        Ok(reports) => reports,
+        Err(e) => return fail(1, &e.to_string()),
+    };
+    // Through a locked handle with `writeln!`, not `println!`, which panics
+    // when standard output is closed or full.
+    match print_reports(&mut std::io::stdout().lock(), &reports, json) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(EXIT_OUTPUT, &format!("standard output: cannot write: {e}")),
+    }
+}
+
+fn fail(code: u8, message: &str) -> ExitCode {
+    let _ = writeln!(std::io::stderr(), "demo: {message}");
+    ExitCode::from(code)
+}
+
+fn print_reports(out: &mut impl Write, reports: &[Report], json: bool) -> std::io::Result<()> {
     let strict = &reports[0].output;
     if !json {
-        println!("MLP block [{BATCH}x{WIDTH}] -> {HIDDEN} -> {WIDTH} + residual + LayerNorm, median of {RUNS} runs");
-        println!("backend: {}", reports[0].backend);
-        println!(
+        writeln!(out, "MLP block [{BATCH}x{WIDTH}] -> {HIDDEN} -> {WIDTH} + residual + LayerNorm, median of {RUNS} runs")?;
+        writeln!(out, "backend: {}", reports[0].backend)?;
+        writeln!(
+            out,
             "{:<16} {:>10} {:>14} {:>22}",
             "mode", "time_ms", "peak_bytes", "max_abs_diff_vs_strict"
-        );
+        )?;
     }
-    for r in &reports {
+    for r in reports {
         let diff = r.output.iter().zip(strict).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         if json {
-            println!(
+            writeln!(
+                out,
                 "{{\"mode\":\"{}\",\"backend\":\"{}\",\"time_ms\":{:.3},\"peak_bytes\":{},\"max_abs_diff_vs_strict\":{:e}}}",
                 r.mode, r.backend, r.time_ms, r.peak_bytes, diff
-            );
+            )?;
         } else {
-            println!(
+            writeln!(
+                out,
                 "{:<16} {:>10.3} {:>14} {:>22e}",
                 r.mode.name(),
                 r.time_ms,
                 r.peak_bytes,
                 diff
-            );
+            )?;
         }
     }
-    Ok(())
+    out.flush()
 }

@@ -39,10 +39,10 @@ fn pjrt(
         None => PjrtBackend::new(tracker)?,
     };
     let store = config.cache_dir.as_ref().and_then(|dir| {
-        let dir = dir.join(PJRT_EXECUTABLES_DIR);
-        crate::disk_cache::DiskCache::open(&dir, config.cache_bytes)
-            .map_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "on-disk executable cache disabled"))
-            .ok()
+        crate::disk_cache::DiskCache::open_or_warn(
+            dir.join(PJRT_EXECUTABLES_DIR),
+            config.disk_cache_limits(),
+        )
     });
     let backend = match store {
         Some(store) => backend.with_store(Arc::new(store)),
@@ -70,5 +70,13 @@ impl runtime::ArtifactStore for crate::disk_cache::DiskCache {
 
     fn put(&self, key: &[u8], bytes: &[u8]) {
         crate::disk_cache::DiskCache::put(self, key, bytes)
+    }
+
+    fn reject(&self, key: &[u8], why: &str) {
+        crate::disk_cache::DiskCache::reject(self, key, why)
+    }
+
+    fn rejected(&self) -> u64 {
+        self.stats().rejected
     }
 }

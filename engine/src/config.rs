@@ -187,6 +187,21 @@ fn parse_switch(var: &str, value: &str) -> Result<bool> {
         }),
     }
 }
+/// The largest on-disk cache entry read or written, in bytes.
+pub const ENV_CACHE_MAX_ENTRY_BYTES: &str = "TORCH_TPU_CACHE_MAX_ENTRY_BYTES";
+/// The most entries each in-memory cache tier (programs, executables) keeps.
+pub const ENV_CACHE_ENTRIES: &str = "TORCH_TPU_CACHE_ENTRIES";
+/// The most bytes each in-memory cache tier keeps (estimated).
+pub const ENV_CACHE_MEMORY_BYTES: &str = "TORCH_TPU_CACHE_MEMORY_BYTES";
+
+/// The default entry limit of the on-disk cache: 256 MiB, above any program
+/// or executable the engine makes, far below what exhausts memory.
+pub const DEFAULT_CACHE_MAX_ENTRY_BYTES: u64 = 256 << 20;
+/// The default entry bound of each in-memory tier: far more distinct traces
+/// than a model runs, few enough that a loop minting new traces stays bounded.
+pub const DEFAULT_CACHE_ENTRIES: usize = 1024;
+/// The default byte bound of each in-memory tier: 64 MiB.
+pub const DEFAULT_CACHE_MEMORY_BYTES: u64 = 64 << 20;
 
 /// Everything a [`crate::Context`] is configured with.
 #[derive(Debug, Clone)]
@@ -216,6 +231,15 @@ pub struct Config {
     /// decomposition as that decomposition (`TORCH_TPU_DECOMPOSE=all`), not
     /// only its measured list. The engine itself does not read it.
     pub decompose_all: bool,
+    /// The largest on-disk cache entry read or written; larger ones are
+    /// rejected (`TORCH_TPU_CACHE_MAX_ENTRY_BYTES`).
+    pub cache_max_entry_bytes: u64,
+    /// The most entries each in-memory tier keeps (`TORCH_TPU_CACHE_ENTRIES`);
+    /// the least recently used go first.
+    pub cache_entries: usize,
+    /// The most bytes each in-memory tier keeps, estimated from the size of
+    /// its programs (`TORCH_TPU_CACHE_MEMORY_BYTES`).
+    pub cache_memory_bytes: u64,
 }
 
 impl Default for Config {
@@ -234,6 +258,9 @@ impl Default for Config {
             pjrt_plugin: None,
             fusion_dump: None,
             decompose_all: false,
+            cache_max_entry_bytes: DEFAULT_CACHE_MAX_ENTRY_BYTES,
+            cache_entries: DEFAULT_CACHE_ENTRIES,
+            cache_memory_bytes: DEFAULT_CACHE_MEMORY_BYTES,
         }
     }
 }
@@ -322,7 +349,45 @@ impl Config {
         if let Some(v) = get(ENV_DECOMPOSE) {
             config.decompose_all = parse_decompose(&v)?;
         }
+        if let Some(v) = get(ENV_CACHE_MAX_ENTRY_BYTES) {
+            config.cache_max_entry_bytes =
+                positive(ENV_CACHE_MAX_ENTRY_BYTES, &v, "a positive number of bytes")?;
+        }
+        if let Some(v) = get(ENV_CACHE_ENTRIES) {
+            config.cache_entries = positive(ENV_CACHE_ENTRIES, &v, "a positive integer")?;
+        }
+        if let Some(v) = get(ENV_CACHE_MEMORY_BYTES) {
+            config.cache_memory_bytes =
+                positive(ENV_CACHE_MEMORY_BYTES, &v, "a positive number of bytes")?;
+        }
         Ok(config)
+    }
+}
+
+/// A positive integer, or an error naming the variable and `valid`.
+fn positive<T>(var: &str, value: &str, valid: &str) -> Result<T>
+where
+    T: std::str::FromStr + PartialOrd + Default,
+{
+    value.trim().parse().ok().filter(|n| *n > T::default()).ok_or_else(|| Error::Config {
+        var: var.into(),
+        value: value.into(),
+        valid: valid.into(),
+    })
+}
+
+impl Config {
+    /// The budget and entry limit of each on-disk store.
+    pub fn disk_cache_limits(&self) -> crate::disk_cache::DiskCacheLimits {
+        crate::disk_cache::DiskCacheLimits {
+            budget_bytes: self.cache_bytes,
+            max_entry_bytes: self.cache_max_entry_bytes,
+        }
+    }
+
+    /// The bounds of each in-memory cache tier.
+    pub fn memory_cache_limits(&self) -> crate::pipeline::TierLimits {
+        crate::pipeline::TierLimits { entries: self.cache_entries, bytes: self.cache_memory_bytes }
     }
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     flushes: AtomicU64,
     /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
     dumps: Option<Dumps>,
+    /// Bounds checks of indexing ops not read yet (see `checks.rs`).
+    pub(crate) checks: crate::checks::Outstanding,
 }
 
 /// Counters of one context, read through [`Context::stats`]. Serializes to
@@ -99,15 +101,13 @@ impl Context {
 
     pub fn with_backend(config: Config, backend: Arc<dyn Backend>) -> Result<Context> {
         let disk = config.cache_dir.as_ref().and_then(|dir| {
-            DiskCache::open(dir.join(backend.name()), config.cache_bytes)
-                .map_err(
-                    |e| tracing::warn!(dir = %dir.display(), error = %e, "on-disk cache disabled"),
-                )
-                .ok()
+            DiskCache::open_or_warn(dir.join(backend.name()), config.disk_cache_limits())
         });
         let plan = PlanConfig { rounding: config.fused_rounding, ..PlanConfig::default() };
         let rewrite = config.effective_rewrite();
-        let pipeline = Arc::new(Pipeline::new(backend.clone(), rewrite.clone(), plan, disk));
+        let limits = config.memory_cache_limits();
+        let pipeline =
+            Arc::new(Pipeline::new(backend.clone(), rewrite.clone(), plan, disk, limits));
         let stream = match config.mode {
             Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone())?),
             _ => None,
@@ -128,6 +128,7 @@ impl Context {
                 ops_recorded: AtomicU64::new(0),
                 flushes: AtomicU64::new(0),
                 dumps,
+                checks: Default::default(),
             }),
         })
     }
@@ -175,13 +176,15 @@ impl Context {
     }
 
     /// Runs everything issued so far: DeferAndFuse flushes its pending trace,
-    /// Strict waits for its stream.
+    /// Strict waits for its stream. Fails with an index out of range that an
+    /// indexing op found since the last read.
     pub fn sync(&self) -> Result<()> {
         match self.mode() {
-            Mode::DeferAndFuse => self.shared.flush(&mut self.shared.pending.lock().unwrap()),
-            Mode::Strict => self.shared.stream.as_ref().map_or(Ok(()), |s| s.synchronize()),
-            Mode::Debug => Ok(()),
+            Mode::DeferAndFuse => self.shared.flush(&mut self.shared.pending.lock().unwrap())?,
+            Mode::Strict => self.shared.stream.as_ref().map_or(Ok(()), |s| s.synchronize())?,
+            Mode::Debug => {}
         }
+        self.shared.raise_failed_checks()
     }
 
     /// A tensor holding `data` (row-major) with the given shape.
@@ -219,6 +222,9 @@ impl Context {
         self.shared.record(op, inputs)
     }
 }
+
+/// What computed a DeferAndFuse value, in the errors of values that need it.
+const FLUSH: &str = "a DeferAndFuse flush";
 
 impl Shared {
     #[track_caller]
@@ -310,13 +316,13 @@ impl Shared {
         match result {
             Ok(buffers) => {
                 for (tensor, buffer) in plan.holders.iter().zip(buffers) {
-                    tensor.resolve(Ok(buffer));
+                    tensor.resolve(Ok(buffer), FLUSH);
                 }
                 Ok(())
             }
             Err(e) => {
                 for tensor in &plan.holders {
-                    tensor.resolve(Err(e.clone()));
+                    tensor.resolve(Err(e.clone()), FLUSH);
                 }
                 Err(e)
             }

@@ -13,7 +13,10 @@
 //! Loading treats the file as untrusted ([`FlushDump::load`]): a missing,
 //! truncated, corrupt, foreign, newer or inconsistent file gives a
 //! [`DumpError`] that names the path and the problem, never a panic, and a
-//! dump that loads has every node and kernel index in range.
+//! dump that loads has every node and kernel index in range. It reads only
+//! regular files (a symbolic link is not followed, a FIFO is not waited on)
+//! of at most [`DEFAULT_MAX_DUMP_BYTES`] ([`FlushDump::load_limited`] takes
+//! another limit: `fusion-debug --max-bytes`).
 //!
 //! ```
 //! use deferfuse::{Config, Context, Mode};
@@ -57,6 +60,10 @@ pub const DUMP_FORMAT: &str = "deferfuse-fusion-dump";
 /// Version 2 added `shape_class` and the tier-1 outcome `resized`, which a
 /// version-1 reader cannot parse: the bump makes it say "newer", not "corrupt".
 pub const DUMP_VERSION: u32 = 2;
+
+/// The largest dump [`FlushDump::load`] reads: 256 MiB, far above the few
+/// megabytes of a large model's flush.
+pub const DEFAULT_MAX_DUMP_BYTES: u64 = 256 << 20;
 
 /// One flush, as written to disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -318,6 +325,16 @@ pub enum DumpError {
         path: PathBuf,
         detail: String,
     },
+    /// A symbolic link, a FIFO, a device: only regular files are read.
+    NotRegular {
+        path: PathBuf,
+        kind: String,
+    },
+    /// Larger than the limit the reader was given.
+    TooLarge {
+        path: PathBuf,
+        limit: u64,
+    },
     /// A directory without dumps.
     Empty {
         path: PathBuf,
@@ -342,6 +359,14 @@ impl std::fmt::Display for DumpError {
                 path.display()
             ),
             DumpError::Inconsistent { path, detail } => write!(f, "{}: inconsistent fusion dump: {detail}", path.display()),
+            DumpError::NotRegular { path, kind } => {
+                write!(f, "{}: {kind}; only regular files are read as dumps", path.display())
+            }
+            DumpError::TooLarge { path, limit } => write!(
+                f,
+                "{}: larger than {limit} bytes, the most a dump may hold (fusion-debug --max-bytes raises it)",
+                path.display()
+            ),
             DumpError::Empty { path } => write!(f, "{}: no fusion dumps (*.json) in this directory", path.display()),
         }
     }
@@ -350,12 +375,28 @@ impl std::fmt::Display for DumpError {
 impl std::error::Error for DumpError {}
 
 impl FlushDump {
-    /// Reads and checks one dump.
+    /// Reads and checks one dump of at most [`DEFAULT_MAX_DUMP_BYTES`].
     pub fn load(path: &Path) -> Result<FlushDump, DumpError> {
-        let bytes = std::fs::read(path).map_err(|error| match error.kind() {
-            std::io::ErrorKind::NotFound => DumpError::Missing { path: path.into() },
-            _ => DumpError::Unreadable { path: path.into(), error },
-        })?;
+        FlushDump::load_limited(path, DEFAULT_MAX_DUMP_BYTES)
+    }
+
+    /// Reads and checks one dump; a file over `max_bytes`, or one that is
+    /// not a regular file, is an error before anything is parsed.
+    pub fn load_limited(path: &Path, max_bytes: u64) -> Result<FlushDump, DumpError> {
+        use crate::fs_guard::ReadError;
+        let (_, bytes) =
+            crate::fs_guard::read_regular(path, max_bytes).map_err(|error| match error {
+                ReadError::Missing => DumpError::Missing { path: path.into() },
+                ReadError::Symlink => DumpError::NotRegular {
+                    path: path.into(),
+                    kind: "a symbolic link (not followed: name the file it points to)".into(),
+                },
+                ReadError::NotRegular(kind) => {
+                    DumpError::NotRegular { path: path.into(), kind: kind.into() }
+                }
+                ReadError::TooLarge { limit } => DumpError::TooLarge { path: path.into(), limit },
+                ReadError::Io(error) => DumpError::Unreadable { path: path.into(), error },
+            })?;
         let text = std::str::from_utf8(&bytes).map_err(|e| DumpError::Corrupt {
             path: path.into(),
             detail: format!("not UTF-8 text: {e}"),
@@ -400,6 +441,8 @@ impl FlushDump {
 
     /// The dumps in `path` (a directory: every `*.json` in name order, which
     /// is write order within a process), or `path` itself when it is a file.
+    /// Links, FIFOs and the like named `*.json` are listed, so that loading
+    /// them says what they are rather than skipping them silently.
     pub fn list(path: &Path) -> Result<Vec<PathBuf>, DumpError> {
         let meta = std::fs::metadata(path).map_err(|error| match error.kind() {
             std::io::ErrorKind::NotFound => DumpError::Missing { path: path.into() },
@@ -411,8 +454,11 @@ impl FlushDump {
         let entries = std::fs::read_dir(path)
             .map_err(|error| DumpError::Unreadable { path: path.into(), error })?;
         let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
+            .filter_map(|e| e.ok())
+            // The entry's own type: a link is not followed here either.
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
         files.sort();
         if files.is_empty() {
@@ -685,8 +731,8 @@ pub enum Comparison {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SizeDifference {
     pub node: NodeId,
-    /// The dimension of the node's shape (or of its shape attribute, which
-    /// follows the shape in every op that has one).
+    /// The dimension of the node's shape (or the index among its size
+    /// attributes, which follow the shape in every op that has them).
     pub dimension: usize,
     pub a: usize,
     pub b: usize,
@@ -715,12 +761,14 @@ pub fn compare(a: &Trace, b: &Trace) -> Comparison {
         if x.op.name() != y.op.name() {
             return differ(format!("op {} vs {}", x.op.name(), y.op.name()));
         }
-        let mut shapes = vec![("shape", &x.meta.shape, &y.meta.shape)];
         let (mut ox, mut oy) = (x.op.clone(), y.op.clone());
-        if let (Some(p), Some(q)) = (ox.shape_attr_mut(), oy.shape_attr_mut()) {
-            shapes.push(("shape attribute", &*p, &*q));
+        let attrs = |op: &mut Op| op.size_attrs_mut().into_iter().map(|d| *d).collect::<Shape>();
+        let (px, py) = (attrs(&mut ox), attrs(&mut oy));
+        let mut shapes = vec![("shape", &x.meta.shape, &y.meta.shape)];
+        if !px.is_empty() || !py.is_empty() {
+            shapes.push(("size attributes", &px, &py));
         }
-        // The value's shape, then the op's shape attribute: the order in
+        // The value's shape, then the op's size attributes: the order in
         // which `ShapeClass::of` numbers the symbols.
         let mut symbolized: Vec<(Shape, Shape)> = Vec::new();
         for (field, p, q) in shapes {
@@ -772,10 +820,9 @@ pub fn compare(a: &Trace, b: &Trace) -> Comparison {
             ));
         }
         // The other attributes, compared in the signature's own encoding (JSON).
-        if let (Some(p), Some(q), Some((ep, eq))) =
-            (ox.shape_attr_mut(), oy.shape_attr_mut(), symbolized.get(1))
-        {
-            (*p, *q) = (ep.clone(), eq.clone());
+        if let Some((ep, eq)) = symbolized.get(1) {
+            ox.size_attrs_mut().into_iter().zip(ep).for_each(|(d, e)| *d = *e);
+            oy.size_attrs_mut().into_iter().zip(eq).for_each(|(d, e)| *d = *e);
         }
         let json = |op: &Op| serde_json::to_string(op).unwrap_or_default();
         if json(&ox) != json(&oy) {
@@ -875,7 +922,13 @@ pub(crate) struct FlushFacts<'a> {
 }
 
 impl Dumps {
+    /// Dumps into `dir`, created if missing. A `dir` that cannot hold dumps
+    /// (a file, a directory this process cannot write) is warned about once,
+    /// now, rather than when the first flush quietly writes nothing.
     pub fn new(dir: &Path, rewrite_limits: &RewriteConfig) -> Dumps {
+        if let Err(why) = check_writable(dir) {
+            warn_unwritable(dir, &why);
+        }
         Dumps {
             dir: dir.into(),
             rewrite_limits: rewrite_limits.clone(),
@@ -895,7 +948,7 @@ impl Dumps {
         let dump = self.dump(probe, facts, process, sequence);
         let name = format!("flush-{process}-{sequence:06}.json");
         if let Err(e) = write_atomically(&self.dir, &name, dump.to_json().as_bytes()) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "could not write a fusion dump");
+            warn_unwritable(&self.dir, &e.to_string());
         }
     }
 
@@ -998,7 +1051,7 @@ impl FlushDump {
     }
 }
 
-/// `trace` with every size of its shapes and shape attributes mapped, as
+/// `trace` with every size of its shapes and size attributes mapped, as
 /// [`Program::resized`] maps a program's: the graph of a resized program.
 /// `None` when a size has no image.
 fn resized_trace(trace: &Trace, map: impl Fn(usize) -> Option<usize>) -> Option<Trace> {
@@ -1006,11 +1059,45 @@ fn resized_trace(trace: &Trace, map: impl Fn(usize) -> Option<usize>) -> Option<
     let mut t = trace.clone();
     for node in &mut t.nodes {
         resize(&mut node.meta.shape)?;
-        if let Some(shape) = node.op.shape_attr_mut() {
-            resize(shape)?;
+        for d in node.op.size_attrs_mut() {
+            *d = map(*d)?;
         }
     }
     Some(t)
+}
+
+/// Says once per process and directory that dumps cannot be written there.
+fn warn_unwritable(dir: &Path, why: &str) {
+    crate::warn::warn_once(&format!("fusion dump {}", dir.display()), || {
+        format!(
+            "{}={}: fusion dumps cannot be written there ({why}); flushes still run, \
+             without dumps",
+            crate::config::ENV_FUSION_DUMP,
+            dir.display()
+        )
+    });
+}
+
+/// Whether `dir` is (or can be made) a directory this process can write a
+/// file in: tried, since modes alone do not say (root, ACLs, read-only mounts).
+fn check_writable(dir: &Path) -> Result<(), String> {
+    if dir.exists() && !dir.is_dir() {
+        return Err("it is not a directory".into());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create it: {e}"))?;
+    static PROBE: AtomicU64 = AtomicU64::new(0);
+    let probe = dir.join(format!(
+        ".probe-{}-{}.tmp",
+        std::process::id(),
+        PROBE.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(|e| format!("cannot write in it: {e}"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Writes `dir/name` through a temporary file and a rename, so a reader never

@@ -17,6 +17,7 @@
 //! - [`BackendKind`]: `TORCH_TPU_BACKEND=cpu|pjrt` (PJRT with the `pjrt` feature).
 
 pub mod backend_select;
+mod checks;
 pub mod config;
 mod context;
 pub mod differential;
@@ -25,21 +26,25 @@ mod display;
 pub mod dump;
 mod element;
 mod foreign;
+mod fs_guard;
+mod lru;
 pub mod ops;
 mod pending;
 pub mod pipeline;
 mod stream;
 mod tensor;
+mod warn;
 #[cfg(feature = "workloads")]
 pub mod workloads;
 
+pub use checks::{BoundsMessage, IndexBound};
 pub use config::{BackendKind, Config, DebugChecks, FusedRounding, Mode};
 pub use context::{Context, EngineStats, FlushReport};
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};
-pub use pipeline::{CacheStats, TierStats};
+pub use pipeline::{CacheStats, TierLimits, TierStats};
 pub use runtime::{BackendStats, HostData, MemoryStats};
 pub use tensor::Tensor;
-pub use trace_ir::{DType, Error, Result, Shape};
+pub use trace_ir::{DType, Error, IndexErrorClass, IndexOutOfBounds, Result, Shape};
 
 pub use half::{bf16, f16};

@@ -517,8 +517,7 @@ impl Tensor {
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
     #[track_caller]
     pub fn softmax(&self, axis: i64) -> Result<Tensor> {
-        let x = self.float()?;
-        let shifted = x.sub(&x.max(&[axis], true)?)?;
+        let shifted = self.float()?.shifted_by_max("softmax", axis)?;
         let e = shifted.exp()?;
         e.div(&e.sum(&[axis], true)?)
     }
@@ -526,9 +525,21 @@ impl Tensor {
     /// `x - max - log(sum(exp(x - max)))` along `axis`.
     #[track_caller]
     pub fn log_softmax(&self, axis: i64) -> Result<Tensor> {
-        let x = self.float()?;
-        let shifted = x.sub(&x.max(&[axis], true)?)?;
+        let shifted = self.float()?.shifted_by_max("log_softmax", axis)?;
         shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?)
+    }
+
+    /// `x - max(x)` along `axis`, the shift that keeps softmax's exp finite;
+    /// `x` itself over an empty axis, where the result is empty and a max
+    /// of nothing would be refused (PyTorch's softmax of an empty axis is
+    /// empty, not an error).
+    #[track_caller]
+    fn shifted_by_max(&self, op: &str, axis: i64) -> Result<Tensor> {
+        let a = trace_ir::shape::normalize_axis(op, axis, self.rank())?;
+        if self.shape().get(a) == Some(&0) {
+            return Ok(self.clone());
+        }
+        self.sub(&self.max(&[axis], true)?)
     }
 
     fn trailing_axes(&self, op: &str, normalized_shape: &[usize]) -> Result<Vec<i64>> {

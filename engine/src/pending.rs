@@ -67,7 +67,7 @@ impl PendingTrace {
                 self.param_nodes.insert(key, node);
                 Ok(node)
             }
-            Cell::Failed(e) => Err(Error::Poisoned(Box::new(e.clone()))),
+            Cell::Failed { error, op } => Err(Error::poisoned_by(op.as_str(), error.clone())),
             Cell::Deferred { .. } | Cell::Queued => Err(Error::internal(
                 "engine",
                 "tensor from another flush or mode used in DeferAndFuse",

@@ -12,7 +12,11 @@
 //!   traces that optimize to the same program share it);
 //! - tier 3, on disk: a stable key of the signature, the engine and backend
 //!   versions and the plan settings → program, so another process skips
-//!   rewriting and planning too (see [`crate::disk_cache`]).
+//!   rewriting and planning too (see [`crate::disk_cache`]). A stored program
+//!   that does not parse or compile is rejected and rebuilt.
+//!
+//! Tiers 1 and 2 are bounded in entries and in (estimated) bytes
+//! ([`TierLimits`]) and evict their least recently used entries.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +30,7 @@ use runtime::{Backend, Executable};
 use trace_ir::{Result, ShapeClass, Signature, Trace};
 
 use crate::disk_cache::{DiskCache, DiskCacheStats};
+use crate::lru::Lru;
 
 /// How a trace becomes a program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,11 +41,36 @@ pub enum Preparation {
     Fused,
 }
 
-/// Hits and misses of one cache tier.
+/// Hits, misses and size of one in-memory cache tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
     pub hits: u64,
     pub misses: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Bytes held now, estimated from the size of the programs' canonical
+    /// form (compiled kernel state is not counted).
+    pub bytes: u64,
+    /// Entries dropped, least recently used first, to keep [`TierLimits`].
+    pub evictions: u64,
+}
+
+/// The bounds of each in-memory tier ([`crate::Config::cache_entries`],
+/// [`crate::Config::cache_memory_bytes`]). An entry alone over the bytes is
+/// still kept, so the trace in use never recompiles on every call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierLimits {
+    pub entries: usize,
+    pub bytes: u64,
+}
+
+impl Default for TierLimits {
+    fn default() -> Self {
+        TierLimits {
+            entries: crate::config::DEFAULT_CACHE_ENTRIES,
+            bytes: crate::config::DEFAULT_CACHE_MEMORY_BYTES,
+        }
+    }
 }
 
 /// Counters and phase times of a context's caches, read through
@@ -54,7 +84,8 @@ pub struct CacheStats {
     pub resized: u64,
     /// Program → executable.
     pub tier2: TierStats,
-    /// On disk; `rejected` counts corrupt or foreign entries that were rebuilt.
+    /// On disk; `rejected` counts entries that were not authentic, corrupt,
+    /// foreign or unusable, and were rebuilt.
     pub tier3: DiskCacheStats,
     /// Time spent in e-graph rewriting, planning and backend compilation.
     pub rewrite_ns: u64,
@@ -112,15 +143,25 @@ struct Entry {
     template: (ShapeClass, Instance),
     /// Instances by sizes (the template's included).
     by_sizes: AHashMap<Vec<usize>, Instance>,
+    /// The size of the signature's and the template program's canonical
+    /// forms; resized programs are taken to be the template's size.
+    signature_bytes: u64,
+    program_bytes: u64,
 }
 
 /// The most sizes one shape class keeps instances for.
 const MAX_INSTANCES: usize = 64;
 
 impl Entry {
-    fn new(class: ShapeClass, instance: Instance) -> Entry {
+    fn new(class: ShapeClass, instance: Instance, program_bytes: u64) -> Entry {
         let by_sizes = AHashMap::from_iter([(class.sizes.clone(), instance.clone())]);
-        Entry { template: (class, instance), by_sizes }
+        let signature_bytes = class.signature.canonical().len() as u64;
+        Entry { template: (class, instance), by_sizes, signature_bytes, program_bytes }
+    }
+
+    /// What the entry holds, for the tier's byte bound.
+    fn bytes(&self) -> u64 {
+        self.signature_bytes + self.program_bytes * self.by_sizes.len() as u64
     }
 
     fn insert(&mut self, sizes: Vec<usize>, instance: Instance) {
@@ -142,7 +183,7 @@ impl Entry {
 }
 
 /// Compiled executables by program fingerprint.
-type Executables = AHashMap<Arc<[u8]>, Arc<dyn Executable>>;
+type Executables = Lru<Arc<[u8]>, Arc<dyn Executable>>;
 
 pub(crate) struct Pipeline {
     backend: Arc<dyn Backend>,
@@ -150,7 +191,7 @@ pub(crate) struct Pipeline {
     plan: PlanConfig,
     /// Tier 1. Each entry also holds its executable, so a hit (every op of
     /// Strict after the first) costs one signature and one lookup.
-    programs: Mutex<AHashMap<(Preparation, Signature), Entry>>,
+    programs: Mutex<Lru<(Preparation, Signature), Entry>>,
     /// Tier 2, keyed by the program's fingerprint.
     executables: Mutex<Executables>,
     disk: Option<DiskCache>,
@@ -175,13 +216,14 @@ impl Pipeline {
         rewrite: RewriteConfig,
         plan: PlanConfig,
         disk: Option<DiskCache>,
+        limits: TierLimits,
     ) -> Self {
         Pipeline {
             backend,
             rewrite,
             plan,
-            programs: Mutex::new(AHashMap::new()),
-            executables: Mutex::new(AHashMap::new()),
+            programs: Mutex::new(Lru::new(limits.entries, limits.bytes)),
+            executables: Mutex::new(Lru::new(limits.entries, limits.bytes)),
             disk,
             counters: Counters::default(),
             last_extracted: Mutex::new(None),
@@ -201,14 +243,22 @@ impl Pipeline {
 
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
-        let tier = |p: &[AtomicU64; 2]| TierStats {
-            hits: p[0].load(Ordering::Relaxed),
-            misses: p[1].load(Ordering::Relaxed),
-        };
+        fn tier<K: std::hash::Hash + Eq + Clone, V>(
+            p: &[AtomicU64; 2],
+            lru: &Lru<K, V>,
+        ) -> TierStats {
+            TierStats {
+                hits: p[0].load(Ordering::Relaxed),
+                misses: p[1].load(Ordering::Relaxed),
+                entries: lru.len() as u64,
+                bytes: lru.bytes(),
+                evictions: lru.evictions(),
+            }
+        }
         CacheStats {
-            tier1: tier(&c.tier1),
+            tier1: tier(&c.tier1, &self.programs.lock().unwrap()),
             resized: c.resized.load(Ordering::Relaxed),
-            tier2: tier(&c.tier2),
+            tier2: tier(&c.tier2, &self.executables.lock().unwrap()),
             tier3: self.disk.as_ref().map(|d| d.stats()).unwrap_or_default(),
             rewrite_ns: c.rewrite_ns.load(Ordering::Relaxed),
             plan_ns: c.plan_ns.load(Ordering::Relaxed),
@@ -224,43 +274,49 @@ impl Pipeline {
     ) -> Result<(Arc<dyn Executable>, Prepared)> {
         let class = ShapeClass::of(trace);
         let key = (how, class.signature.clone());
-        if let Some(entry) = self.programs.lock().unwrap().get_mut(&key) {
-            let hit = match entry.by_sizes.get(&class.sizes) {
+        let hit = self.programs.lock().unwrap().update(
+            &key,
+            |entry| match entry.by_sizes.get(&class.sizes) {
                 Some(instance) => Some(instance.clone()),
                 None => entry.resize(&class).inspect(|instance| {
                     self.counters.resized.fetch_add(1, Ordering::Relaxed);
                     entry.insert(class.sizes.clone(), instance.clone());
                 }),
-            };
-            if let Some(Instance { program, executable, resized_from }) = hit {
-                count(&self.counters.tier1, true);
-                return Ok((executable, Prepared { program, rewrite: None, resized_from }));
-            }
+            },
+            Entry::bytes,
+        );
+        if let Some(Some(Instance { program, executable, resized_from })) = hit {
+            count(&self.counters.tier1, true);
+            return Ok((executable, Prepared { program, rewrite: None, resized_from }));
         }
         count(&self.counters.tier1, false);
-        let prepared = self.program(trace, how, &Signature::of(trace))?;
-        let executable = self.compile(&prepared.program)?;
+        let (prepared, executable, program_bytes) =
+            self.prepare_and_compile(trace, how, &Signature::of(trace))?;
         let instance = Instance {
             program: prepared.program.clone(),
             executable: executable.clone(),
             resized_from: None,
         };
         let mut programs = self.programs.lock().unwrap();
-        match programs.get_mut(&key) {
-            Some(entry) => entry.insert(class.sizes, instance),
-            None => {
-                programs.insert(key, Entry::new(class, instance));
-            }
+        let sizes = class.sizes.clone();
+        let added =
+            programs.update(&key, |entry| entry.insert(sizes, instance.clone()), Entry::bytes);
+        if added.is_none() {
+            let entry = Entry::new(class, instance, program_bytes);
+            let bytes = entry.bytes();
+            programs.insert(key, entry, bytes);
         }
         Ok((executable, prepared))
     }
 
-    /// Tier 2: programs that two signatures share compile once.
-    fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>> {
+    /// Tier 2: programs that two signatures share compile once. Also returns
+    /// the size of the program's canonical form (the tiers' byte estimate).
+    fn compile(&self, program: &Program) -> Result<(Arc<dyn Executable>, u64)> {
         let key: Arc<[u8]> = program.canonical().into();
+        let program_bytes = key.len() as u64;
         if let Some(exe) = self.executables.lock().unwrap().get(&key) {
             count(&self.counters.tier2, true);
-            return Ok(exe.clone());
+            return Ok((exe.clone(), program_bytes));
         }
         count(&self.counters.tier2, false);
         // Compile outside the lock; a racing thread may compile the same
@@ -268,31 +324,54 @@ impl Pipeline {
         let start = Instant::now();
         let exe = self.backend.compile(program)?;
         self.counters.compile_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
-        Ok(self.executables.lock().unwrap().entry(key).or_insert(exe).clone())
+        let mut executables = self.executables.lock().unwrap();
+        if let Some(first) = executables.get(&key) {
+            return Ok((first.clone(), program_bytes));
+        }
+        // The key, and the program the executable keeps.
+        executables.insert(key, exe.clone(), 2 * program_bytes);
+        Ok((exe, program_bytes))
     }
 
-    /// Tier 3, then rewriting and planning.
-    fn program(&self, trace: &Trace, how: Preparation, signature: &Signature) -> Result<Prepared> {
-        let disk_key = self
-            .disk
-            .as_ref()
-            .filter(|_| how == Preparation::Fused)
-            .map(|_| self.disk_key(signature));
-        let from_disk = disk_key.as_ref().and_then(|k| {
-            let bytes = self.disk.as_ref()?.get(k)?;
-            let text = std::str::from_utf8(&bytes).ok()?;
-            Program::from_json(text)
-                .map_err(|e| tracing::warn!(error = %e, "unreadable program in the disk cache"))
-                .ok()
-        });
-        if let Some(program) = from_disk {
-            return Ok(Prepared { program: Arc::new(program), rewrite: None, resized_from: None });
+    /// Tier 3, else rewriting and planning; then tier 2. A stored program
+    /// that does not parse or compile is rejected (removed) and rebuilt, so
+    /// one bad entry costs one rebuild instead of failing every later run.
+    fn prepare_and_compile(
+        &self,
+        trace: &Trace,
+        how: Preparation,
+        signature: &Signature,
+    ) -> Result<(Prepared, Arc<dyn Executable>, u64)> {
+        let disk = self.disk.as_ref().filter(|_| how == Preparation::Fused);
+        let disk_key = disk.map(|_| self.disk_key(signature));
+        if let (Some(disk), Some(k)) = (disk, &disk_key) {
+            if let Some(bytes) = disk.get(k) {
+                let parsed = std::str::from_utf8(&bytes)
+                    .map_err(|e| e.to_string())
+                    .and_then(|text| Program::from_json(text).map_err(|e| e.to_string()));
+                match parsed {
+                    Ok(program) => match self.compile(&program) {
+                        Ok((exe, n)) => {
+                            let program = Arc::new(program);
+                            let prepared = Prepared { program, rewrite: None, resized_from: None };
+                            return Ok((prepared, exe, n));
+                        }
+                        Err(e) => {
+                            disk.reject(k, &format!("the stored program does not compile: {e}"))
+                        }
+                    },
+                    Err(e) => disk.reject(k, &format!("the stored program does not parse: {e}")),
+                }
+            }
         }
         let prepared = self.prepare(trace, how)?;
-        if let (Some(disk), Some(k)) = (&self.disk, &disk_key) {
+        let (exe, n) = self.compile(&prepared.program)?;
+        // Stored only once it compiled: the disk never holds a program that
+        // this build knows to fail.
+        if let (Some(disk), Some(k)) = (disk, &disk_key) {
             disk.put(k, prepared.program.to_json().as_bytes());
         }
-        Ok(prepared)
+        Ok((prepared, exe, n))
     }
 
     fn prepare(&self, trace: &Trace, how: Preparation) -> Result<Prepared> {

@@ -18,14 +18,15 @@ pub(crate) enum Job {
 
 pub(crate) struct Stream {
     sender: Sender<Job>,
-    /// The process that started the worker thread. `fork()` copies the
-    /// stream into the child but not its thread, so a child must never wait
-    /// on it.
-    pid: u32,
+    /// The fork generation that started the worker thread
+    /// ([`runtime::fork`]). `fork()` copies the stream into the child but
+    /// not its thread, so a child must never wait on it.
+    generation: u64,
 }
 
 impl Stream {
     pub fn start(backend: Arc<dyn Backend>, pipeline: Arc<Pipeline>) -> Result<Stream> {
+        let generation = runtime::fork::generation();
         let (sender, receiver) = channel::<Job>();
         std::thread::Builder::new()
             .name("deferfuse-stream".into())
@@ -36,7 +37,7 @@ impl Stream {
                         Job::Run { op, inputs, output } => {
                             let result = run_job(&*backend, &pipeline, &op, &inputs);
                             drop(inputs);
-                            output.resolve(result);
+                            output.resolve(result, &format!("the {} op", op.name()));
                         }
                         Job::Barrier(done) => {
                             let _ = done.send(());
@@ -47,13 +48,13 @@ impl Stream {
             .map_err(|e| {
                 Error::backend("stream", format!("cannot start the stream thread: {e}"))
             })?;
-        Ok(Stream { sender, pid: std::process::id() })
+        Ok(Stream { sender, generation })
     }
 
     /// True in a child forked after this stream started: its worker thread
     /// is not running here, and nothing queued on it will ever finish.
     pub fn forked(&self) -> bool {
-        self.pid != std::process::id()
+        runtime::fork::generation() != self.generation
     }
 
     pub fn submit(&self, job: Job) -> Result<()> {
@@ -87,7 +88,7 @@ fn run_job(
     op: &Op,
     inputs: &[Arc<TensorInner>],
 ) -> Result<Arc<runtime::Buffer>> {
-    let buffers = inputs.iter().map(|t| t.wait_buffer()).collect::<Result<Vec<_>>>()?;
+    let buffers = inputs.iter().map(|t| t.wait_input()).collect::<Result<Vec<_>>>()?;
     let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();
     let trace = trace_ir::Trace::single_op(op, &metas)?;
     let (exe, _) = pipeline.executable(&trace, Preparation::Unfused)?;

@@ -19,7 +19,12 @@ pub(crate) enum Cell {
     /// Submitted to the Strict stream, not run yet.
     Queued,
     Ready(Arc<Buffer>),
-    Failed(Error),
+    /// The computation failed with `error`; `op` names what computed it, for
+    /// the errors of values that depend on it.
+    Failed {
+        error: Error,
+        op: String,
+    },
 }
 
 pub(crate) struct TensorInner {
@@ -34,24 +39,35 @@ impl TensorInner {
         Arc::new(TensorInner { ctx, meta, cell: Mutex::new(cell), ready: Condvar::new() })
     }
 
-    /// Stores the outcome of the computation and wakes readers.
-    pub fn resolve(&self, result: Result<Arc<Buffer>>) {
+    /// Stores the outcome of the computation and wakes readers; `op` names
+    /// what computed the value (`the exp op`, `a DeferAndFuse flush`).
+    pub fn resolve(&self, result: Result<Arc<Buffer>>, op: &str) {
         let mut cell = self.cell.lock().unwrap();
         *cell = match result {
             Ok(b) => Cell::Ready(b),
-            Err(e) => Cell::Failed(e),
+            Err(error) => Cell::Failed { error, op: op.to_string() },
         };
         self.ready.notify_all();
     }
 
+    /// The value for an op that reads it: a failure becomes the op's own
+    /// failure, naming the op that failed first ([`Error::poisoned_by`]).
+    pub fn wait_input(&self) -> Result<Arc<Buffer>> {
+        self.wait_buffer().map_err(|e| match &*self.cell.lock().unwrap() {
+            Cell::Failed { op, .. } => Error::poisoned_by(op.as_str(), e),
+            _ => e,
+        })
+    }
+
     /// Blocks while the value is queued on the stream; for deferred values the
-    /// caller flushes first.
+    /// caller flushes first. A failed value gives its own error: the one its
+    /// op failed with, or, when an input failed, the first failure's.
     pub fn wait_buffer(&self) -> Result<Arc<Buffer>> {
         let mut cell = self.cell.lock().unwrap();
         loop {
             match &*cell {
                 Cell::Ready(b) => return Ok(b.clone()),
-                Cell::Failed(e) => return Err(Error::Poisoned(Box::new(e.clone()))),
+                Cell::Failed { error, .. } => return Err(error.clone()),
                 // Queued on the stream of a parent process: waiting would hang.
                 Cell::Queued if self.ctx.stream.as_ref().is_some_and(|s| s.forked()) => {
                     return Err(crate::stream::forked_error())
@@ -100,10 +116,14 @@ impl Tensor {
     }
 
     /// Materializes the value (flushing or waiting as the mode requires) and
-    /// copies it to the host.
+    /// copies it to the host. Fails instead when an indexing op of this
+    /// context found an index out of range since the last read (see
+    /// [`Tensor::check_index`]), whether or not this value depends on it.
     pub fn host_data(&self) -> Result<HostData> {
         let buffer = self.0.ctx.materialize(&self.0)?;
-        self.0.ctx.backend.download(&buffer)
+        let data = self.0.ctx.backend.download(&buffer)?;
+        self.0.ctx.raise_failed_checks()?;
+        Ok(data)
     }
 
     /// The elements in row-major order, converted to `T` as a cast would.

@@ -237,3 +237,93 @@ fn strided_views_resize_with_the_batch() {
     assert_eq!((stats.rewrite_ns, stats.plan_ns), (planned.rewrite_ns, planned.plan_ns));
     assert_eq!(stats.resized, 2, "batch 6 and 5 are resized from batch 2, then found: {stats:?}");
 }
+
+/// `x[:, ::step]` scaled and summed: each step is another trace (a slice's
+/// step is an attribute of its shape class, unlike its bounds).
+fn strided(x: &Tensor, step: usize) -> Result<f32> {
+    x.slice(-1, 0, 64, step)?.mul(0.5)?.sum_all()?.item::<f32>()
+}
+
+/// Column `c` of `x` holds `c` in each of its 4 rows: the sum of `strided`
+/// is `4 * 0.5 * (0 + step + 2 step + ...)`, exact in f32.
+fn strided_sum(step: usize) -> f32 {
+    (0..64).step_by(step).map(|c| 2 * c).sum::<usize>() as f32
+}
+
+#[test]
+fn a_loop_that_slices_with_a_new_bound_each_step_compiles_once() {
+    let ctx = Context::with_mode(Mode::DeferAndFuse).unwrap();
+    let x = ctx.from_vec((0..3 * 512).map(|i| (i % 512) as f32).collect(), &[3, 512]).unwrap();
+    // The sum over the first b columns of 3 rows: 3 * 0.5 * b(b-1)/2.
+    let sliced = |bound: usize| -> Result<f32> {
+        x.slice(-1, 0, bound as i64, 1)?.mul(0.5)?.sum_all()?.item::<f32>()
+    };
+    let want = |b: usize| 0.75 * (b * (b - 1)) as f32;
+    // Bound 3 equals the row count, so it is another shape class (equal
+    // sizes share a symbol); every other bound of 2 or more is one class.
+    assert_eq!(sliced(2).unwrap(), want(2));
+    assert_eq!(sliced(3).unwrap(), want(3));
+    let planned = ctx.stats().cache;
+    assert_eq!(planned.tier1.misses, 2, "{planned:?}");
+    for bound in 4..=300 {
+        assert_eq!(sliced(bound).unwrap(), want(bound), "bound {bound}");
+    }
+    let stats = ctx.stats().cache;
+    assert_eq!(stats.tier1.misses, 2, "a new bound was planned again: {stats:?}");
+    assert_eq!(stats.tier2.misses, planned.tier2.misses, "a new bound compiled: {stats:?}");
+    assert_eq!((stats.rewrite_ns, stats.plan_ns), (planned.rewrite_ns, planned.plan_ns));
+    assert_eq!(stats.resized, 297, "bounds 4 to 300 are resized from bound 2: {stats:?}");
+    assert_eq!(stats.tier1.entries, 2, "{stats:?}");
+}
+
+#[test]
+fn the_in_memory_tiers_stay_at_their_bound_and_a_trace_evicted_recompiles_right() {
+    const BOUND: usize = 8;
+    let config = Config { cache_entries: BOUND, ..Config::with_mode(Mode::DeferAndFuse) };
+    let ctx = Context::new(config).unwrap();
+    let x = ctx.from_vec((0..4 * 64).map(|i| (i % 64) as f32).collect(), &[4, 64]).unwrap();
+    let mut peak_entries = 0;
+    for step in 1..=40 {
+        assert_eq!(strided(&x, step).unwrap(), strided_sum(step), "step {step}");
+        let stats = ctx.stats().cache;
+        peak_entries = peak_entries.max(stats.tier1.entries).max(stats.tier2.entries);
+    }
+    let stats = ctx.stats().cache;
+    assert_eq!(peak_entries, BOUND as u64, "{stats:?}");
+    assert_eq!(stats.tier1.entries, BOUND as u64, "{stats:?}");
+    assert_eq!(stats.tier1.misses, 40, "{stats:?}");
+    assert_eq!(stats.tier1.evictions, 40 - BOUND as u64, "{stats:?}");
+    assert!(stats.tier2.evictions >= 40 - BOUND as u64, "{stats:?}");
+    assert!(stats.tier1.bytes > 0 && stats.tier2.bytes > 0, "{stats:?}");
+
+    // The first trace was evicted long ago: it misses, compiles again and
+    // gives the same number; the last one is still there.
+    let compile_before = stats.tier2.misses;
+    assert_eq!(strided(&x, 1).unwrap(), strided_sum(1));
+    assert_eq!(strided(&x, 40).unwrap(), strided_sum(40));
+    let after = ctx.stats().cache;
+    assert_eq!(after.tier1.misses, 41, "{after:?}");
+    assert_eq!(after.tier2.misses, compile_before + 1, "{after:?}");
+    assert_eq!(after.tier1.entries, BOUND as u64);
+}
+
+#[test]
+fn the_byte_bound_of_the_in_memory_tiers_holds() {
+    // A bound that holds only a couple of these programs.
+    let probe = Context::with_mode(Mode::DeferAndFuse).unwrap();
+    let x = probe.from_vec((0..4 * 64).map(|i| (i % 64) as f32).collect(), &[4, 64]).unwrap();
+    strided(&x, 3).unwrap();
+    let one = probe.stats().cache.tier2.bytes;
+    assert!(one > 0);
+    let config =
+        Config { cache_memory_bytes: 2 * one + one / 2, ..Config::with_mode(Mode::DeferAndFuse) };
+    let ctx = Context::new(config).unwrap();
+    let x = ctx.from_vec((0..4 * 64).map(|i| (i % 64) as f32).collect(), &[4, 64]).unwrap();
+    for step in 2..=20 {
+        assert_eq!(strided(&x, step).unwrap(), strided_sum(step));
+    }
+    let stats = ctx.stats().cache;
+    assert!(stats.tier2.bytes <= 2 * one + one / 2, "{stats:?}");
+    assert!(stats.tier2.entries <= 3 && stats.tier2.evictions >= 16, "{stats:?}");
+    assert!(stats.tier1.bytes <= 2 * one + one / 2, "{stats:?}");
+}

@@ -111,3 +111,34 @@ fn long_rows_keep_row_values_read_after_their_reduction() {
     assert_eq!(strict, vec![2250.0, 6750.0, 4500.0]);
     assert_eq!(fused, strict);
 }
+
+/// A log-softmax over an empty axis, summed: the sum of nothing is 0 in the
+/// fused kernel as in Strict, whatever the (absent) rows' scalars are.
+#[test]
+fn a_sum_over_an_empty_log_softmax_is_zero() {
+    use deferfuse::{Config, Context, DType, Mode};
+    let run = |mode| -> Vec<f32> {
+        let ctx = Context::new(Config { mode, ..Config::default() }).unwrap();
+        let x = ctx.ones(&[0], DType::F32).unwrap();
+        let ls = x.log_softmax(0).unwrap().abs().unwrap().add(1.0).unwrap();
+        ls.sum(&[0], false)
+            .unwrap()
+            .gelu(deferfuse::GeluApproximation::None)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    assert_eq!(run(Mode::Strict), vec![0.0]);
+    assert_eq!(run(Mode::DeferAndFuse), vec![0.0]);
+}
+
+/// Traces of the differential run at scale that once failed (replay one with
+/// `cargo run --release -p deferfuse --example differential -- --from I
+/// --traces 1 --verbose`).
+#[test]
+fn traces_the_differential_run_found_agree() {
+    for i in [17162, 39230, 79499, 97038, 127861, 128078, 175454, 626740, 727766] {
+        let bytes = deferfuse::differential::trace_bytes(i);
+        check_generated(&bytes).unwrap_or_else(|e| panic!("trace {i}: {e}"));
+    }
+}

@@ -746,3 +746,124 @@ fn compare_sees_sizes_through_the_shape_class() {
         }
     }
 }
+
+/// Runs fusion-debug with `stdout` as its standard output, killing it if it
+/// has not finished within `limit` (a hang is the failure being tested).
+fn cli_within(
+    args: &[&str],
+    stdout: std::process::Stdio,
+    limit: std::time::Duration,
+) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fusion-debug"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fusion-debug runs");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fusion-debug {args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (status.code(), err)
+}
+
+/// The write end of a pipe whose read end is already closed (as after
+/// `| head -1` has read its line): every write fails with a broken pipe.
+fn closed_pipe() -> std::process::Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just created and are owned here only.
+    let (read, write) =
+        unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+    drop(read);
+    write.into()
+}
+
+const SECONDS_10: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[test]
+fn a_full_or_closed_standard_output_is_exit_code_4_without_a_panic() {
+    let dir = TempDir::new("stdout");
+    let path = run_workload(dir.path(), "softmax", 4);
+    for args in [
+        vec!["summary", path_str(dir.path())],
+        vec!["show", path_str(&path), "--format", "svg"],
+        vec!["explain", path_str(&path), "--op", "1"],
+        vec!["diff", path_str(&path), path_str(&path)],
+    ] {
+        let full = std::fs::File::options().write(true).open("/dev/full").unwrap();
+        let (code, err) = cli_within(&args, full.into(), SECONDS_10);
+        assert_eq!(code, Some(4), "{args:?} > /dev/full: {err}");
+        assert!(!err.contains("panicked") && err.contains("standard output"), "{err}");
+
+        let (code, err) = cli_within(&args, closed_pipe(), SECONDS_10);
+        assert_eq!(code, Some(4), "{args:?} | (closed): {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn a_fifo_a_link_and_a_dump_over_the_limit_are_refused_quickly() {
+    let dir = TempDir::new("special-inputs");
+    let real = run_workload(dir.path(), "softmax", 4);
+    let fifo = dir.path().join("fifo.json");
+    mkfifo(&fifo);
+    let null = std::process::Stdio::null;
+    let (code, err) = cli_within(&["show", path_str(&fifo)], null(), SECONDS_10);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("FIFO") && err.contains(path_str(&fifo)), "{err}");
+    // In a directory, too: the summary names it instead of waiting on it.
+    let (code, err) = cli_within(&["summary", path_str(dir.path())], null(), SECONDS_10);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("FIFO"), "{err}");
+    std::fs::remove_file(&fifo).unwrap();
+
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (code, err) = cli_within(&["explain", path_str(&link), "--op", "1"], null(), SECONDS_10);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    std::fs::remove_file(&link).unwrap();
+    let zero = dir.path().join("zero.json");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    assert!(matches!(FlushDump::load(&zero), Err(DumpError::NotRegular { .. })));
+    std::fs::remove_file(&zero).unwrap();
+
+    let len = std::fs::metadata(&real).unwrap().len();
+    let limit = (len - 1).to_string();
+    let (code, err) =
+        cli_within(&["show", path_str(&real), "--max-bytes", &limit], null(), SECONDS_10);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("larger than {limit} bytes")) && err.contains("--max-bytes"),
+        "{err}"
+    );
+    let fits = len.to_string();
+    let (code, err) =
+        cli_within(&["--max-bytes", &fits, "show", path_str(&real)], null(), SECONDS_10);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(matches!(
+        FlushDump::load_limited(&real, len - 1),
+        Err(DumpError::TooLarge { limit, .. }) if limit == len - 1
+    ));
+}

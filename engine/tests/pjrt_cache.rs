@@ -1,5 +1,6 @@
 //! Tier 3 on the PJRT backend: serialized executables on disk, shared by
-//! processes, rebuilt when corrupt, and never loaded by another plugin build.
+//! processes, rebuilt when corrupt, forged or unloadable, and never loaded
+//! by another plugin build.
 //! The second plugin is the `lammps-jax-pjrt-cpu` wheel (XLA's CPU plugin
 //! built from jax 0.11.2), which `.ci/setup_python` installs beside
 //! `xla-cpu-pjrt`.
@@ -10,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deferfuse::differential::compare;
+use deferfuse::disk_cache::{DiskCache, DiskCacheLimits};
 use deferfuse::{BackendKind, BackendStats, Config, Context, DType, HostData, Mode, Result};
+use sha2::{Digest, Sha256};
 use trace_ir::signature::stable_hash64;
 
 const CHILD_VAR: &str = "DEFERFUSE_TEST_PJRT_CHILD";
@@ -63,6 +66,7 @@ fn run_workload(cache_dir: &Path, plugin: Option<PathBuf>) -> BackendStats {
         total.compiled += s.compiled;
         total.loaded += s.loaded;
         total.load_failures += s.load_failures;
+        total.store_rejected += s.store_rejected;
     }
     total
 }
@@ -157,52 +161,112 @@ fn a_second_process_loads_every_executable_and_compiles_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The second run after every entry was damaged: every executable compiled
+/// again, none loaded, `rejected` of them refused by the store, and a third
+/// run loads what the second rebuilt.
+fn assert_rebuilt(dir: &Path, first: &BackendStats, load_failures: u64, rejected: u64) {
+    let second = run_workload(dir, None);
+    assert_eq!(second.compiled, first.compiled, "every bad entry compiled again: {second:?}");
+    assert_eq!(second.loaded, 0, "{second:?}");
+    assert_eq!(second.load_failures, load_failures, "{second:?}");
+    assert_eq!(second.store_rejected, rejected, "{second:?}");
+    let third = run_workload(dir, None);
+    assert_eq!(
+        (third.compiled, third.loaded, third.store_rejected),
+        (0, first.compiled, 0),
+        "the rebuilt entries load: {third:?}"
+    );
+}
+
 #[test]
-fn corrupt_entries_are_rebuilt() {
+fn corrupt_and_forged_entries_are_rejected_and_rebuilt() {
     let dir = temp_dir("corrupt");
     let first = run_workload(&dir, None);
     let entries = executable_entries(&dir);
     assert_eq!(entries.len() as u64, first.compiled);
-    // Half the entries get a flipped byte (the checksum catches it); the
-    // other half a well-formed entry whose executable is garbage (the plugin
-    // refuses to load it).
+    // Half the entries get a flipped byte; the other half a well-formed
+    // entry whose executable is garbage, with a checksum anyone can compute
+    // (the old unkeyed one, or a SHA-256). The MAC catches both.
     for (k, path) in entries.iter().enumerate() {
         let mut bytes = std::fs::read(path).unwrap();
         if k % 2 == 0 {
             let last = bytes.len() - 1;
             bytes[last] ^= 0x40;
         } else {
-            bytes = with_garbage_payload(&bytes);
+            let (key, _) = split_entry(&bytes);
+            bytes = forged(&key, b"not a serialized executable", k % 4 == 1);
         }
         std::fs::write(path, bytes).unwrap();
     }
-    let second = run_workload(&dir, None);
-    assert_eq!(second.compiled, first.compiled, "every corrupt entry compiled again: {second:?}");
-    assert_eq!(second.loaded, 0, "{second:?}");
-    assert_eq!(second.load_failures, entries.len() as u64 / 2, "{second:?}");
-    let third = run_workload(&dir, None);
-    assert_eq!(
-        (third.compiled, third.loaded),
-        (0, first.compiled),
-        "the rebuilt entries load: {third:?}"
-    );
+    assert_rebuilt(&dir, &first, 0, entries.len() as u64);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A disk-cache entry with its key kept and its payload replaced by bytes
-/// that are not an executable, with a valid checksum (see `disk_cache.rs`:
-/// magic line, checksum line, key length line, key, payload).
-fn with_garbage_payload(entry: &[u8]) -> Vec<u8> {
+#[test]
+fn another_modules_executable_under_a_key_is_rejected_and_the_results_stay_right() {
+    // One module's executable (a multiply, say) stored under another's key
+    // (an add) with a recomputed public checksum: before the MAC it loaded
+    // and ran silently. Here every entry gets its neighbour's payload.
+    let dir = temp_dir("swapped");
+    let first = run_workload(&dir, None);
+    let entries = executable_entries(&dir);
+    assert!(entries.len() >= 2);
+    let parts: Vec<(Vec<u8>, Vec<u8>)> =
+        entries.iter().map(|p| split_entry(&std::fs::read(p).unwrap())).collect();
+    for (k, path) in entries.iter().enumerate() {
+        let (key, _) = &parts[k];
+        let (_, other) = &parts[(k + 1) % parts.len()];
+        std::fs::write(path, forged(key, other, k % 2 == 0)).unwrap();
+    }
+    // run_workload checks the numbers against the native backend.
+    assert_rebuilt(&dir, &first, 0, entries.len() as u64);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_authentic_entry_that_does_not_load_is_rejected_and_rebuilt() {
+    let dir = temp_dir("unloadable");
+    let first = run_workload(&dir, None);
+    let entries = executable_entries(&dir);
+    // Written through the cache itself, under its key: it verifies, and the
+    // plugin refuses to deserialize it.
+    let store = DiskCache::open(
+        dir.join(deferfuse::backend_select::PJRT_EXECUTABLES_DIR),
+        DiskCacheLimits::default(),
+    )
+    .unwrap();
+    for path in &entries {
+        let (key, _) = split_entry(&std::fs::read(path).unwrap());
+        store.put(&key, b"not a serialized executable");
+        assert!(store.get(&key).is_some());
+    }
+    let n = entries.len() as u64;
+    assert_rebuilt(&dir, &first, n, n);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An entry's key and payload (see `disk_cache.rs`: magic line, MAC line,
+/// key length line, key, payload).
+fn split_entry(entry: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut lines = entry.splitn(4, |&b| b == b'\n');
-    let magic = lines.next().unwrap();
-    let _checksum = lines.next().unwrap();
+    let _magic = lines.next().unwrap();
+    let _mac = lines.next().unwrap();
     let key_len: usize = std::str::from_utf8(lines.next().unwrap()).unwrap().parse().unwrap();
     let body = lines.next().unwrap();
-    let mut new_body = body[..key_len].to_vec();
-    new_body.extend_from_slice(b"not a serialized executable");
-    let mut out = magic.to_vec();
-    out.extend_from_slice(format!("\n{:016x}\n{key_len}\n", stable_hash64(&new_body)).as_bytes());
-    out.extend_from_slice(&new_body);
+    (body[..key_len].to_vec(), body[key_len..].to_vec())
+}
+
+/// A well-formed entry with a tag that needs no secret: the unkeyed
+/// checksum of before (`old_checksum`), or a SHA-256 of the body.
+fn forged(key: &[u8], payload: &[u8], old_checksum: bool) -> Vec<u8> {
+    let mut body = key.to_vec();
+    body.extend_from_slice(payload);
+    let tag = match old_checksum {
+        true => format!("{:064x}", stable_hash64(&body)),
+        false => Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    let mut out = format!("deferfuse-cache v2\n{tag}\n{}\n", key.len()).into_bytes();
+    out.extend_from_slice(&body);
     out
 }
 

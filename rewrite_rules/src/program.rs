@@ -454,8 +454,8 @@ impl Program {
     }
 
     /// The same program over other sizes of the same ranks and broadcast
-    /// pattern: every size `d` of a value shape or shape attribute becomes
-    /// `map(d)`; strided views are folded again from their resized steps.
+    /// pattern: every size `d` of a value shape or size attribute (see
+    /// [`Op::size_attrs_mut`]) becomes `map(d)`; strided views are folded again from their resized steps.
     /// `None` when a size has no image or a view no longer folds (then the
     /// trace must be planned again).
     pub fn resized(&self, map: impl Fn(usize) -> Option<usize>) -> Option<Program> {
@@ -465,13 +465,17 @@ impl Program {
             }
             Some(())
         };
+        let resize_attrs = |op: &mut Op| -> Option<()> {
+            for d in op.size_attrs_mut() {
+                *d = map(*d)?;
+            }
+            Some(())
+        };
         let refold = |view: &mut View| -> Option<()> {
             if let View::Strided { shape, strides, offset, source, steps } = view {
                 resize(source)?;
                 for step in steps.iter_mut() {
-                    if let Some(s) = step.shape_attr_mut() {
-                        resize(s)?;
-                    }
+                    resize_attrs(step)?;
                 }
                 (*shape, *strides, *offset) = fold_layout(source, steps).ok()?;
             }
@@ -491,11 +495,7 @@ impl Program {
         }
         for kernel in &mut p.kernels {
             match &mut kernel.kind {
-                KernelKind::Single { op } => {
-                    if let Some(shape) = op.shape_attr_mut() {
-                        resize(shape)?;
-                    }
-                }
+                KernelKind::Single { op } => resize_attrs(op)?,
                 KernelKind::Loop(l) => loop_ok(l)?,
                 KernelKind::MatMul(mm) => {
                     refold(&mut mm.lhs)?;

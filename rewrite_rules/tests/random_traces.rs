@@ -68,7 +68,8 @@ fn apply(b: &mut B, (code, s1, s2, s3): Step) {
                 push(b, Op::Where, &[cond, a, c]);
             }
         }
-        13 if float && rank > 0 => {
+        // (Their max over an empty axis is refused at the op, as in PyTorch.)
+        13 if float && rank > 0 && ma.shape[s3 as usize % rank] > 0 => {
             b.softmax(a, s3 as usize % rank);
         }
         14 if float && !axes.is_empty() => {
@@ -84,7 +85,7 @@ fn apply(b: &mut B, (code, s1, s2, s3): Step) {
             let s = b.un(UnaryOp::Sigmoid, a);
             b.bin(BinaryOp::Mul, a, s);
         }
-        18 if float && rank > 0 => {
+        18 if float && rank > 0 && ma.shape[s3 as usize % rank] > 0 => {
             b.log_softmax(a, s3 as usize % rank);
         }
         19 => push(

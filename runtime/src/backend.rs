@@ -71,6 +71,9 @@ pub struct BackendStats {
     pub loaded: u64,
     /// Stored executables that failed to load and were compiled again.
     pub load_failures: u64,
+    /// Entries the [`ArtifactStore`] refused (not authentic, truncated, not a
+    /// regular file, or failed to load), removed and rebuilt.
+    pub store_rejected: u64,
     /// Buffers copied from the host to the device, and back.
     pub host_to_device: u64,
     pub device_to_host: u64,
@@ -85,4 +88,12 @@ pub trait ArtifactStore: Send + Sync {
     fn get(&self, key: &[u8]) -> Option<Vec<u8>>;
     /// Failing to store only costs a compile later, so it is not an error.
     fn put(&self, key: &[u8], bytes: &[u8]);
+    /// What [`ArtifactStore::get`] returned for `key` could not be loaded:
+    /// the store drops it (so it is rebuilt, not read again) and counts it.
+    fn reject(&self, _key: &[u8], _why: &str) {}
+    /// Entries refused so far, by [`ArtifactStore::reject`] or by the
+    /// store's own checks.
+    fn rejected(&self) -> u64 {
+        0
+    }
 }

@@ -30,6 +30,7 @@
 pub mod backend;
 pub mod buffer;
 pub mod cpu;
+pub mod fork;
 pub mod host_data;
 pub mod memory;
 #[cfg(feature = "pjrt")]

@@ -355,16 +355,20 @@ fn random_traces_match_cpu() {
     for seed in 0..40u64 {
         let bytes: Vec<u8> = noise(200, seed + 100, 0.0, 256.0).iter().map(|&x| x as u8).collect();
         let g = trace_ir::generate::random_trace(&mut trace_ir::generate::Bytes::new(&bytes), 12);
-        if g.trace.outputs.is_empty() {
+        // Discontinuous ops only on exact inputs, domain edges guarded: a
+        // 1-ulp difference between XLA's and our transcendentals must not
+        // flip a comparison.
+        let trace = trace_ir::generate::well_conditioned(&g.trace);
+        if trace.outputs.is_empty() {
             continue;
         }
-        let inputs: Vec<HostData> = g
-            .params
+        let inputs: Vec<HostData> = trace
+            .parameters()
             .iter()
             .enumerate()
-            .map(|(i, m)| data(m, seed * 10 + i as u64, 0.1, 2.0))
+            .map(|(i, &p)| data(trace.meta(p), seed * 10 + i as u64, 0.1, 2.0))
             .collect();
-        check(&be, &format!("random trace {seed}"), &g.trace, &inputs);
+        check(&be, &format!("random trace {seed}"), &trace, &inputs);
         checked += 1;
     }
     assert!(checked >= 20, "only {checked} traces checked");

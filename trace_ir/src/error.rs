@@ -47,9 +47,17 @@ pub enum Error {
     #[error("internal error in {component}: {msg}; this is a bug in deferfuse, please report it")]
     Internal { component: &'static str, msg: String },
 
-    /// A value was read from a tensor whose computation failed earlier.
-    #[error("tensor is poisoned by an earlier failure: {0}")]
-    Poisoned(Box<Error>),
+    /// An indexing op was given an index outside the indexed dimension. In
+    /// Strict and DeferAndFuse this is found after the op ran, at the next
+    /// read of a value or `sync()`, so it names the op and where it was called.
+    #[error("{0}")]
+    IndexOutOfBounds(Box<IndexOutOfBounds>),
+
+    /// A value was read whose computation never ran, because `op`, which it
+    /// depends on, failed earlier with `cause`. A chain of dependent values
+    /// all name the first failure once ([`Error::poisoned_by`]).
+    #[error("not computed: it depends on {op}, which failed earlier: {cause}")]
+    Poisoned { op: String, cause: Box<Error> },
 
     /// An I/O failure (cache files, dumps).
     #[error("{context}: {msg}")]
@@ -68,6 +76,37 @@ pub struct NonFinite {
     pub index: usize,
     pub in_shapes: Vec<Shape>,
     pub out_shape: Vec<usize>,
+}
+
+/// Which exception PyTorch raises for an out-of-range index: some kernels
+/// throw c10's `IndexError` (Python's `IndexError`), others a plain
+/// `c10::Error` (Python's `RuntimeError`). Callers that map errors to
+/// exceptions read it from [`IndexOutOfBounds::class`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IndexErrorClass {
+    IndexError,
+    RuntimeError,
+}
+
+/// An out-of-range index ([`Error::IndexOutOfBounds`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message} ({op}{})", fmt_site(site))]
+pub struct IndexOutOfBounds {
+    /// The op that was given the index, as the caller named it.
+    pub op: String,
+    /// PyTorch's own words for this error.
+    pub message: String,
+    pub class: IndexErrorClass,
+    /// Where the op was called (`file:line`), empty when unknown.
+    pub site: String,
+}
+
+fn fmt_site(site: &str) -> String {
+    if site.is_empty() {
+        String::new()
+    } else {
+        format!(" at {site}")
+    }
 }
 
 impl Error {
@@ -93,6 +132,16 @@ impl Error {
     }
     pub fn io(context: impl Into<String>, err: impl std::fmt::Display) -> Self {
         Error::Io { context: context.into(), msg: err.to_string() }
+    }
+    /// The error of a value that needed the output of `op`, which failed with
+    /// `cause`. When `cause` is itself such an error it is returned as it
+    /// is, so a long chain of ops after one failure says which op failed
+    /// once, instead of repeating "failed earlier" once per op.
+    pub fn poisoned_by(op: impl Into<String>, cause: Error) -> Self {
+        match cause {
+            Error::Poisoned { .. } => cause,
+            cause => Error::Poisoned { op: op.into(), cause: Box::new(cause) },
+        }
     }
 }
 

@@ -5,10 +5,14 @@
 //! The generator covers what fusion must get right: elementwise chains with
 //! broadcasting, casts through bf16/f16, reductions over every axis with and
 //! without keepdim, matmuls (with transposes), views (permute, slice,
-//! reshape, expand), concat, and the fused forms.
+//! reshape, expand), concat, and the fused forms; every op and dtype of the
+//! IR, with empty and size-1 dimensions. [`well_conditioned`] makes a trace
+//! comparable across implementations within a fixed tolerance.
 
 use crate::shape::shape;
-use crate::{ArgReduceOp, Axes, BinaryOp, DType, Meta, NodeId, Op, ReduceOp, Trace, UnaryOp};
+use crate::{
+    ArgReduceOp, Axes, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Trace, UnaryOp,
+};
 
 /// Reads choices from bytes; when they run out every choice is 0, so any
 /// input (even empty) yields a trace.
@@ -41,21 +45,38 @@ pub struct Generated {
     pub params: Vec<Meta>,
 }
 
-const DIMS: [usize; 4] = [1, 3, 4, 8];
+/// Sizes of generated dimensions: the broadcast size 1, small sizes, and 17,
+/// which is not a multiple of any SIMD width or tile.
+const DIMS: [usize; 5] = [1, 3, 4, 8, 17];
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+const OTHERS: [DType; 3] = [DType::I32, DType::I64, DType::Bool];
 
 /// Generates a trace of at most `max_ops` ops (plus parameters). Every value
 /// left without a consumer becomes an output.
+///
+/// It draws every op of the IR, every dtype (parameters are mostly f32, some
+/// bf16/f16, some integer or bool) and ranks 0 to 4, with sizes 1 (the
+/// broadcast pattern), 0 (empty tensors, rarely) and several others.
 pub fn random_trace(bytes: &mut Bytes, max_ops: usize) -> Generated {
     let mut trace = Trace::new();
     let mut params = Vec::new();
     // A few parameters sharing dimensions, so broadcasting and matmul happen.
-    let base = [DIMS[1 + bytes.below(3)], DIMS[1 + bytes.below(3)], DIMS[1 + bytes.below(3)]];
+    let mut base = [0usize; 4];
+    for d in &mut base {
+        *d = DIMS[1 + bytes.below(DIMS.len() - 1)];
+    }
+    if bytes.below(16) == 0 {
+        base[3 - bytes.below(2)] = 0;
+    }
     for _ in 0..2 + bytes.below(3) {
-        let rank = 1 + bytes.below(3);
+        let rank = [1, 2, 2, 3, 3, 0, 4][bytes.below(7)];
         let dims: Vec<usize> =
-            (0..rank).map(|i| if bytes.below(5) == 0 { 1 } else { base[3 - rank + i] }).collect();
-        let dtype = if bytes.below(4) == 0 { FLOATS[1 + bytes.below(2)] } else { DType::F32 };
+            (0..rank).map(|i| if bytes.below(5) == 0 { 1 } else { base[4 - rank + i] }).collect();
+        let dtype = match bytes.below(8) {
+            0 => FLOATS[1 + bytes.below(2)],
+            1 => OTHERS[bytes.below(OTHERS.len())],
+            _ => DType::F32,
+        };
         let meta = Meta::new(shape(&dims), dtype);
         params.push(meta.clone());
         trace.push_parameter(meta);
@@ -65,7 +86,7 @@ pub fn random_trace(bytes: &mut Bytes, max_ops: usize) -> Generated {
         let n = trace.len();
         let a = n - 1 - bytes.below(n.min(4));
         let b = bytes.below(n);
-        if let Some(op_inputs) = pick(bytes, &trace, a, b) {
+        if let Some(op_inputs) = pick(bytes, &mut trace, a, b) {
             let (op, inputs) = op_inputs;
             if trace.push(op, &inputs).is_ok() {
                 ops += 1;
@@ -84,60 +105,26 @@ pub fn random_trace(bytes: &mut Bytes, max_ops: usize) -> Generated {
 
 /// Chooses an op for inputs `a` (recent) and `b` (any); `None` when the
 /// choice does not apply. Invalid combinations are filtered by `Trace::push`.
-fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, Vec<NodeId>)> {
-    let ma = trace.meta(a);
+fn pick(bytes: &mut Bytes, trace: &mut Trace, a: NodeId, b: NodeId) -> Option<(Op, Vec<NodeId>)> {
+    let ma = &trace.meta(a).clone();
     let rank = ma.shape.len();
     let float = |m: &Meta| m.dtype.is_float();
     let axis = |bytes: &mut Bytes| bytes.below(rank.max(1));
-    Some(match bytes.below(14) {
-        0..=2 => {
-            let kinds = [
-                UnaryOp::Neg,
-                UnaryOp::Abs,
-                UnaryOp::Exp,
-                UnaryOp::Log,
-                UnaryOp::Sqrt,
-                UnaryOp::Rsqrt,
-                UnaryOp::Reciprocal,
-                UnaryOp::Tanh,
-                UnaryOp::Sigmoid,
-                UnaryOp::Relu,
-                UnaryOp::GeluErf,
-                UnaryOp::GeluTanh,
-                UnaryOp::Silu,
-                UnaryOp::Sin,
-                UnaryOp::Cos,
-                UnaryOp::Floor,
-                UnaryOp::Sign,
-            ];
-            (Op::Unary { kind: kinds[bytes.below(kinds.len())] }, vec![a])
-        }
+    // Trailing axes, as the norms take them.
+    let trailing =
+        |bytes: &mut Bytes| -> Axes { (rank - 1 - bytes.below(rank.min(2))..rank).collect() };
+    Some(match bytes.below(16) {
+        0..=2 => (Op::Unary { kind: UnaryOp::ALL[bytes.below(UnaryOp::ALL.len())] }, vec![a]),
         3..=5 => {
-            let kinds = [
-                BinaryOp::Add,
-                BinaryOp::Sub,
-                BinaryOp::Mul,
-                BinaryOp::Div,
-                BinaryOp::Maximum,
-                BinaryOp::Minimum,
-                BinaryOp::Pow,
-                BinaryOp::Lt,
-                BinaryOp::Ge,
-                BinaryOp::Eq,
-            ];
             let b = if trace.meta(b).dtype == ma.dtype {
                 b
             } else {
                 return cast_to(trace, b, ma.dtype);
             };
-            (Op::Binary { kind: kinds[bytes.below(kinds.len())] }, vec![a, b])
+            (Op::Binary { kind: BinaryOp::ALL[bytes.below(BinaryOp::ALL.len())] }, vec![a, b])
         }
         6 => {
-            let to = if float(ma) {
-                [DType::F32, DType::BF16, DType::F16, DType::I32][bytes.below(4)]
-            } else {
-                DType::F32
-            };
+            let to = DType::ALL[bytes.below(DType::ALL.len())];
             (Op::Cast { to }, vec![a])
         }
         7 => {
@@ -173,7 +160,8 @@ fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, V
             let axis = axis(bytes);
             let dim = *ma.shape.get(axis)?;
             let start = bytes.below(dim.max(1));
-            (Op::Slice { axis, start, stop: dim, step: 1 + bytes.below(2) }, vec![a])
+            let stop = start + bytes.below(dim - start + 1);
+            (Op::Slice { axis, start, stop, step: 1 + bytes.below(2) }, vec![a])
         }
         10 => return permute_last(trace, a),
         11 => {
@@ -185,16 +173,57 @@ fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, V
             }
             (Op::Expand { shape: s }, vec![a])
         }
-        12 => match bytes.below(4) {
-            0 if float(ma) && rank > 0 => (Op::Softmax { axis: rank - 1 }, vec![a]),
-            1 if rank > 0 => (
-                Op::ArgReduce { kind: ArgReduceOp::Argmax, axis: axis(bytes), keepdim: false },
-                vec![a],
-            ),
-            2 => (Op::Reshape { shape: shape(&[ma.numel()]) }, vec![a]),
+        12 => match bytes.below(6) {
+            0 if float(ma) && rank > 0 => (Op::Softmax { axis: axis(bytes) }, vec![a]),
+            1 if float(ma) && rank > 0 => (Op::LogSoftmax { axis: axis(bytes) }, vec![a]),
+            2 if rank > 0 => {
+                let kind = [ArgReduceOp::Argmax, ArgReduceOp::Argmin][bytes.below(2)];
+                (Op::ArgReduce { kind, axis: axis(bytes), keepdim: bytes.below(2) == 0 }, vec![a])
+            }
+            3 => (Op::Reshape { shape: shape(&[ma.numel()]) }, vec![a]),
             _ if rank > 0 => (Op::Concat { axis: axis(bytes) }, vec![a, a]),
             _ => return None,
         },
+        13 => {
+            if !float(ma) || rank == 0 {
+                return None;
+            }
+            // The norms' epsilon is a zero-dimensional literal of x's dtype.
+            // At least 0.01, so that rows of nearly equal values do not amplify
+            // an ulp beyond the differential check's tolerance.
+            let value = [1e-2, 0.1, 0.5][bytes.below(3)];
+            let eps =
+                trace.push(Op::Full { value, shape: shape(&[]), dtype: ma.dtype }, &[]).ok()?;
+            let axes = trailing(bytes);
+            let op =
+                if bytes.below(2) == 0 { Op::LayerNorm { axes } } else { Op::RmsNorm { axes } };
+            (op, vec![a, eps])
+        }
+        14 => {
+            // Values from nothing, in a's shape, so they combine with it.
+            let dtype = ma.dtype;
+            match bytes.below(3) {
+                0 => (
+                    Op::Full {
+                        value: [0.0, 1.0, -2.5, 0.5][bytes.below(4)],
+                        shape: ma.shape.clone(),
+                        dtype,
+                    },
+                    vec![],
+                ),
+                1 => {
+                    let len = ma.shape.last().copied().unwrap_or(1);
+                    let start = bytes.below(5) as f64 - 2.0;
+                    let step = [1.0, -1.0, 2.0, 0.5][bytes.below(4)];
+                    (Op::Arange { start, step, len, dtype }, vec![])
+                }
+                _ => {
+                    let dist = [Distribution::Uniform, Distribution::Normal][bytes.below(2)];
+                    let seed = bytes.below(256) as u64;
+                    (Op::Random { seed, dist, shape: ma.shape.clone(), dtype }, vec![])
+                }
+            }
+        }
         _ => {
             let c = trace.len() - 1;
             let cond = (0..trace.len()).rev().find(|&i| trace.meta(i).dtype == DType::Bool)?;
@@ -205,7 +234,6 @@ fn pick(bytes: &mut Bytes, trace: &Trace, a: NodeId, b: NodeId) -> Option<(Op, V
         }
     })
 }
-
 fn cast_to(trace: &Trace, node: NodeId, to: DType) -> Option<(Op, Vec<NodeId>)> {
     (trace.meta(node).dtype != to).then(|| (Op::Cast { to }, vec![node]))
 }
@@ -218,6 +246,202 @@ fn permute_last(trace: &Trace, node: NodeId) -> Option<(Op, Vec<NodeId>)> {
     let mut perm: Axes = (0..rank).collect();
     perm.swap(rank - 2, rank - 1);
     Some((Op::Permute { perm }, vec![node]))
+}
+
+/// Ops whose float result every correct implementation computes bit for bit
+/// from exact inputs.
+fn exact_float(op: &Op) -> bool {
+    match op {
+        Op::Parameter { .. } | Op::Full { .. } | Op::Arange { .. } => true,
+        Op::Unary { kind } => {
+            matches!(
+                kind,
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Floor | UnaryOp::Sign
+            )
+        }
+        Op::Binary { kind } => matches!(kind, BinaryOp::Maximum | BinaryOp::Minimum),
+        Op::Reduce { kind, .. } => matches!(kind, ReduceOp::Max | ReduceOp::Min),
+        Op::Where
+        | Op::Cast { .. }
+        | Op::Expand { .. }
+        | Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Slice { .. }
+        | Op::Concat { .. } => true,
+        _ => false,
+    }
+}
+
+/// `trace` made well conditioned for a differential check, keeping every
+/// op of the IR that can be compared within a fixed tolerance:
+///
+/// - Ops with discontinuities (floor, sign, comparisons, casts to integers
+///   or bool, arg-reductions, the condition of `where`) are kept only when
+///   their inputs are *exact*: computed by ops whose result every correct
+///   implementation gives bit for bit (parameters and literals, neg, abs,
+///   relu, max, min, views, integer arithmetic, ...). Elsewhere a 1-ulp
+///   difference of a fused transcendental may legitimately flip them, which
+///   would hide real bugs behind noise. Such an op and everything that
+///   depends on it is dropped.
+/// - Every operand at a pole or domain edge (the input of sqrt, rsqrt, log
+///   and reciprocal, every divisor, the base of pow) and the inexact terms
+///   of a sum are replaced by `|x| + 1` (see `guarded`); the exponent of
+///   pow, the factors of a product and the inexact operands of matmul, sin,
+///   cos, exp, softmax, log-softmax and layer norm by `tanh(y)` (see
+///   `bounded`).
+///
+/// Each unconsumed value is an output.
+pub fn well_conditioned(trace: &Trace) -> Trace {
+    let discontinuous = |op: &Op, from: DType| match op {
+        Op::Unary { kind } => matches!(kind, UnaryOp::Floor | UnaryOp::Sign),
+        Op::Binary { kind } => kind.returns_bool(),
+        Op::Cast { to } => from.is_float() && !to.is_float(),
+        Op::ArgReduce { .. } | Op::Where => true,
+        _ => false,
+    };
+    // Inputs made `|x| + 1`: domain edges, and an inexact sum's terms,
+    // which may cancel (the deviations that a layer norm or `x - mean(x)`
+    // leave sum to about 0) and keep an absolute error that grows with
+    // their count; positive terms keep it relative.
+    let guarded = |op: &Op, input: usize, exact: bool| match op {
+        Op::Unary { kind } => {
+            matches!(kind, UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log | UnaryOp::Reciprocal)
+        }
+        Op::Binary { kind: BinaryOp::Div } => input == 1,
+        Op::Binary { kind: BinaryOp::Pow } => input == 0,
+        Op::Reduce { kind: ReduceOp::Sum, .. } => !exact,
+        _ => false,
+    };
+    // Inputs bounded by tanh instead: pow's exponent; the factors of a
+    // product, whose overflow (and 0 * inf) depends on the order of the
+    // multiplications otherwise; and, when they are not exact, the operands
+    // of a matmul (a sum of large terms that cancel keeps their absolute
+    // error, far above the result's relative tolerance), of sin and cos
+    // (a large argument turns an ulp into a large difference), and of exp,
+    // softmax, log-softmax and layer norm (their result's error is their
+    // argument's absolute error, or that divided by a deviation that eps
+    // bounds only to 1 / sqrt(eps)).
+    let bounded = |op: &Op, input: usize, exact: bool| match op {
+        Op::Binary { kind: BinaryOp::Pow } => input == 1,
+        Op::Reduce { kind: ReduceOp::Prod, .. } => true,
+        Op::MatMul | Op::Unary { kind: UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Exp } => !exact,
+        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } => input == 0 && !exact,
+        _ => false,
+    };
+    let mut out = Trace::new();
+    // Each node's id in `out` and whether it is exact; `None` when dropped.
+    let mut remap: Vec<Option<(usize, bool)>> = Vec::with_capacity(trace.len());
+    for node in &trace.nodes {
+        let Some(kept) = node.inputs.iter().map(|&i| remap[i]).collect::<Option<Vec<_>>>() else {
+            remap.push(None);
+            continue;
+        };
+        let exact_inputs = kept.iter().all(|&(_, exact)| exact);
+        let from = node.inputs.first().map_or(node.meta.dtype, |&i| trace.meta(i).dtype);
+        // Where's branches may be inexact; its condition may not.
+        let needed = match node.op {
+            Op::Where => kept[0].1,
+            _ => exact_inputs,
+        };
+        if discontinuous(&node.op, from) && !needed {
+            remap.push(None);
+            continue;
+        }
+        let mut inputs: Vec<usize> = Vec::with_capacity(kept.len());
+        for (k, &(mut id, exact)) in kept.iter().enumerate() {
+            let dtype = out.meta(id).dtype;
+            if bounded(&node.op, k, exact) && dtype.is_float() {
+                id = out.push(Op::Unary { kind: UnaryOp::Tanh }, &[id]).expect("tanh of a float");
+            } else if guarded(&node.op, k, exact) && dtype.is_float() {
+                let abs =
+                    out.push(Op::Unary { kind: UnaryOp::Abs }, &[id]).expect("abs of a float");
+                let one = Op::Full { value: 1.0, shape: Default::default(), dtype };
+                let one = out.push(one, &[]).expect("a literal");
+                id = out.push(Op::Binary { kind: BinaryOp::Add }, &[abs, one]).expect("same dtype");
+            }
+            inputs.push(id);
+        }
+        let id = match &node.op {
+            Op::Parameter { .. } => out.push_parameter(node.meta.clone()),
+            op => out.push(op.clone(), &inputs).expect("the same op on inputs of the same metas"),
+        };
+        // Integer and bool values are exact: integer arithmetic is, and they
+        // only come from floats through a kept (exact-input) discontinuous op.
+        let exact = !node.meta.dtype.is_float() || (exact_float(&node.op) && exact_inputs);
+        remap.push(Some((id, exact)));
+    }
+    let uses = out.use_counts();
+    out.outputs = (0..out.len())
+        .filter(|&i| uses[i] == 0 && !matches!(out.nodes[i].op, Op::Parameter { .. }))
+        .collect();
+    if out.outputs.is_empty() {
+        out.outputs.push(out.len() - 1);
+    }
+    out
+}
+
+/// `trace` with a rounding-size error put into every value that is not
+/// exact (see [`well_conditioned`]): each such float value is multiplied by
+/// pseudo-random factors in `[1 - d, 1 + d)`, with `d` a few units in the
+/// last place of its dtype, times the square root of the number of terms
+/// of a reduction. How far the outputs move is how sensitive they
+/// are to the roundings a correct implementation may do differently (the
+/// order of a sum, a polynomial exp): an empirical condition number.
+/// Exact values, and so every discontinuous op's input in a well-conditioned
+/// trace, are left alone.
+pub fn perturbed(trace: &Trace, seed: u64) -> Trace {
+    let mut out = Trace::new();
+    let mut remap: Vec<NodeId> = Vec::with_capacity(trace.len());
+    let mut exact: Vec<bool> = Vec::with_capacity(trace.len());
+    for (k, node) in trace.nodes.iter().enumerate() {
+        let inputs: Vec<NodeId> = node.inputs.iter().map(|&i| remap[i]).collect();
+        let id = match &node.op {
+            Op::Parameter { .. } => out.push_parameter(node.meta.clone()),
+            op => out.push(op.clone(), &inputs).expect("the same op on the same metas"),
+        };
+        let dtype = node.meta.dtype;
+        let is_exact =
+            !dtype.is_float() || (exact_float(&node.op) && node.inputs.iter().all(|&i| exact[i]));
+        exact.push(is_exact);
+        if is_exact {
+            remap.push(id);
+            continue;
+        }
+        let unit = match dtype {
+            DType::BF16 => 1.0 / 64.0,
+            DType::F16 => 1.0 / 512.0,
+            _ => 1.0 / 4_194_304.0, // 2^-22: four units of f32's rounding
+        };
+        // A reduction of n terms rounds every partial result, not only its
+        // own: its error grows like sqrt(n) roundings.
+        let input_shape = |i: usize| &trace.meta(node.inputs[i]).shape;
+        let terms: usize = match &node.op {
+            Op::Reduce { axes, .. } | Op::LayerNorm { axes } | Op::RmsNorm { axes } => {
+                axes.iter().map(|&a| input_shape(0)[a]).product()
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => input_shape(0)[*axis],
+            Op::MatMul => input_shape(0).last().copied().unwrap_or(1),
+            _ => 1,
+        };
+        let d = unit * (terms.max(1) as f64).sqrt();
+        let lit = |out: &mut Trace, value: f64| {
+            out.push(Op::Full { value, shape: Default::default(), dtype }, &[]).expect("a literal")
+        };
+        let random = Op::Random {
+            seed: seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            dist: Distribution::Uniform,
+            shape: node.meta.shape.clone(),
+            dtype,
+        };
+        let u = out.push(random, &[]).expect("random of a float shape");
+        let (two_d, one_minus_d) = (lit(&mut out, 2.0 * d), lit(&mut out, 1.0 - d));
+        let scaled = out.push(Op::Binary { kind: BinaryOp::Mul }, &[u, two_d]).expect("floats");
+        let factor =
+            out.push(Op::Binary { kind: BinaryOp::Add }, &[scaled, one_minus_d]).expect("floats");
+        remap.push(out.push(Op::Binary { kind: BinaryOp::Mul }, &[id, factor]).expect("floats"));
+    }
+    out.outputs = trace.outputs.iter().map(|&o| remap[o]).collect();
+    out
 }
 
 #[cfg(test)]

@@ -133,6 +133,12 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
             {
                 return Err(Error::dtype(name, "input dtype not supported", &dtypes));
             }
+            // A max or min of nothing has no value, even where no output
+            // element asks for one: PyTorch raises at the call.
+            let extreme = matches!(kind, crate::ReduceOp::Max | crate::ReduceOp::Min);
+            if extreme && axes.iter().any(|&a| shapes[0][a] == 0) {
+                return Err(Error::shape(name, "cannot reduce over an empty axis", &shapes));
+            }
             Ok(Meta::new(reduced_shape(shapes[0], axes, *keepdim), dtypes[0]))
         }
         Op::ArgReduce { axis, keepdim, .. } => {

@@ -21,7 +21,7 @@ pub mod signature;
 pub mod trace;
 
 pub use dtype::{result_type, Category, DType, Operand};
-pub use error::{Error, NonFinite, Result};
+pub use error::{Error, IndexErrorClass, IndexOutOfBounds, NonFinite, Result};
 pub use infer::{infer, reduced_shape, Meta};
 pub use json::TRACE_FORMAT_VERSION;
 pub use op::{ArgReduceOp, Axes, BinaryOp, Distribution, Op, ReduceOp, UnaryOp};

@@ -304,17 +304,20 @@ pub enum Op {
 }
 
 impl Op {
-    /// The shape an op carries as an attribute (a parameter's, a constant's,
-    /// or an expand/reshape target), if any: the sizes that change with the
-    /// batch size besides the values' own shapes.
-    pub fn shape_attr_mut(&mut self) -> Option<&mut Shape> {
+    /// The sizes an op carries as attributes, besides its value's shape:
+    /// the dims of a parameter's, a constant's or an expand/reshape target's
+    /// shape, and a slice's start and stop. These change with the batch
+    /// size, or with a loop's slice bounds, so shape classes treat them as
+    /// they treat the values' shapes and resized programs map them.
+    pub fn size_attrs_mut(&mut self) -> SmallVec<[&mut usize; 6]> {
         match self {
             Op::Parameter { shape, .. }
             | Op::Full { shape, .. }
             | Op::Random { shape, .. }
             | Op::Expand { shape }
-            | Op::Reshape { shape } => Some(shape),
-            _ => None,
+            | Op::Reshape { shape } => shape.iter_mut().collect(),
+            Op::Slice { start, stop, .. } => SmallVec::from_iter([start, stop]),
+            _ => SmallVec::new(),
         }
     }
 

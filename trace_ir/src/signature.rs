@@ -50,14 +50,16 @@ impl Hash for Signature {
 }
 
 /// A trace's signature with its sizes abstracted: every size of 2 or more
-/// (in value shapes and shape attributes) becomes a symbol, numbered by first
+/// (in value shapes and size attributes) becomes a symbol, numbered by first
 /// appearance, and equal sizes share a symbol. Sizes 0 and 1 stay literal, so
 /// the rank and the broadcast pattern are part of the class.
 ///
 /// Two traces in one class differ only in the values of their symbols; a
 /// shape-polymorphic executable planned for one serves the other once its
-/// sizes are mapped (see [`ShapeClass::size_map`]). Slice bounds and arange
-/// lengths stay literal: a trace whose slices move is another class.
+/// sizes are mapped (see [`ShapeClass::size_map`]). Slice bounds are sizes
+/// too ([`crate::Op::size_attrs_mut`]), so a loop that slices with a new
+/// bound each iteration stays in one class; arange lengths and slice steps
+/// stay literal.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ShapeClass {
     pub signature: Signature,
@@ -87,7 +89,7 @@ impl ClassSize {
 
 /// Numbers the sizes of one trace as its shape class does. Visit the sizes
 /// in the order [`ShapeClass::of`] does: node by node, the value's shape and
-/// then the op's shape attribute.
+/// then the op's size attributes.
 #[derive(Debug, Clone, Default)]
 pub struct SizeSymbols {
     /// The value of each symbol, in symbol order.
@@ -110,16 +112,11 @@ impl SizeSymbols {
 impl ShapeClass {
     pub fn of(trace: &Trace) -> ShapeClass {
         let mut symbols = SizeSymbols::default();
-        let mut symbolize = |shape: &mut crate::Shape| {
-            for d in shape.iter_mut() {
-                *d = symbols.symbol(*d).encoded();
-            }
-        };
         let mut t = trace.clone();
         for node in &mut t.nodes {
-            symbolize(&mut node.meta.shape);
-            if let Some(shape) = node.op.shape_attr_mut() {
-                symbolize(shape);
+            let sizes = node.meta.shape.iter_mut().chain(node.op.size_attrs_mut());
+            for d in sizes {
+                *d = symbols.symbol(*d).encoded();
             }
         }
         ShapeClass { signature: Signature::of(&t), sizes: symbols.sizes }

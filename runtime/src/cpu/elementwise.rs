@@ -54,7 +54,8 @@ fn relu(x: f32) -> f32 {
     }
 }
 
-fn sign(x: f32) -> f32 {
+/// PyTorch's sign: NaN stays NaN, and -0.0 and 0.0 give 0.0.
+pub(crate) fn sign(x: f32) -> f32 {
     if x > 0.0 {
         1.0
     } else if x < 0.0 {

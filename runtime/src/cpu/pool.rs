@@ -11,23 +11,24 @@ use std::sync::{Mutex, OnceLock};
 
 use trace_ir::Result;
 
-/// The process that first ran a program on this backend.
-static FIRST_PID: OnceLock<u32> = OnceLock::new();
+/// The fork generation ([`crate::fork`]) that first ran a program on this
+/// backend: it owns the global pool.
+static FIRST: OnceLock<u64> = OnceLock::new();
 
-/// The pool of a forked child, with the process it was built in (a child
+/// The pool of a forked child, with the generation it was built in (a child
 /// of a child builds its own again). Leaked: dropping a pool copied by
 /// `fork` would signal threads that are not there.
-static CHILD_POOL: Mutex<Option<(u32, &'static rayon::ThreadPool)>> = Mutex::new(None);
+static CHILD_POOL: Mutex<Option<(u64, &'static rayon::ThreadPool)>> = Mutex::new(None);
 
 /// Runs `f` where its parallel loops have live worker threads.
 pub(crate) fn install<R: Send>(f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
-    let pid = std::process::id();
-    if *FIRST_PID.get_or_init(|| pid) == pid {
+    let generation = crate::fork::generation();
+    if *FIRST.get_or_init(|| generation) == generation {
         return f();
     }
     let mut slot = CHILD_POOL.lock().unwrap_or_else(|e| e.into_inner());
     let pool = match *slot {
-        Some((owner, pool)) if owner == pid => pool,
+        Some((owner, pool)) if owner == generation => pool,
         _ => {
             let pool = rayon::ThreadPoolBuilder::new()
                 .thread_name(|i| format!("deferfuse-cpu-{i}"))
@@ -36,7 +37,7 @@ pub(crate) fn install<R: Send>(f: impl FnOnce() -> Result<R> + Send) -> Result<R
                     super::internal(format!("cannot start the kernel threads of this process: {e}"))
                 })?;
             let pool: &'static rayon::ThreadPool = Box::leak(Box::new(pool));
-            *slot = Some((pid, pool));
+            *slot = Some((generation, pool));
             pool
         }
     };

@@ -225,6 +225,7 @@ impl Backend for PjrtBackend {
             compiled: get(&c.compiled),
             loaded: get(&c.loaded),
             load_failures: get(&c.load_failures),
+            store_rejected: self.compiler.store.as_ref().map_or(0, |s| s.rejected()),
             host_to_device: get(&c.host_to_device),
             device_to_host: get(&c.device_to_host),
             donated: get(&c.donated),

@@ -159,6 +159,11 @@ impl Compiler {
             Err(e) => {
                 tracing::warn!(error = %e, "a stored PJRT executable did not load; compiling again");
                 bump(&self.counters.load_failures);
+                // Dropped from the store, so the compile that follows replaces
+                // it instead of every later process failing on it again.
+                if let (Some(store), Some(key)) = (&self.store, key) {
+                    store.reject(key, &format!("the stored PJRT executable did not load: {e}"));
+                }
                 None
             }
         }

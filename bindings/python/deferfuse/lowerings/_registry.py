@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -75,3 +77,30 @@ def broadcast_batch(a: list[int], b: list[int]) -> list[int]:
             raise Unsupported("batch dimensions that do not broadcast")
         out.append(y if x == 1 else x)
     return out[::-1]
+
+
+# ---- bounds checks of indices ---------------------------------------------------
+
+_INTERNAL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+
+
+def call_site() -> str:
+    """`file:line` of the innermost caller outside torch and deferfuse: the
+    user's line that an index error names. Only indexing ops pay for it."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_INTERNAL):
+            return f"{name.rpartition(os.sep)[2]}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+def check_bounds(op: str, kind: str, indices: list[ET], sizes: list[int], dims: list[int]) -> None:
+    """Checks that the indices are in range as the aten op `op` does: `kind`
+    names PyTorch's error for it (see deferfuse::BoundsMessage). Debug raises
+    here; Strict and DeferAndFuse at the next read of any value, or sync(),
+    from a flag computed with the op (no value is read back for it). Call it
+    once the lowering has its result, so an op that falls back to the CPU
+    (which raises PyTorch's error itself) registers no check."""
+    eng().check_indices(indices, sizes, dims, op, kind, call_site())

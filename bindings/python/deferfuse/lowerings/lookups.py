@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, axis, eng, lower
+from ._registry import Unsupported, axis, check_bounds, eng, lower
 
 ONE_HOT_LIMIT = 1 << 22
 
@@ -42,8 +42,10 @@ def _move_back(x: ET, dim: int) -> ET:
     return x.permute(perm)
 
 
-@lower("index_select.default")
 def index_select(self: ET, dim: int, index: ET) -> ET:
+    """`self.index_select(dim, index)` without a bounds check, for lowerings
+    whose indices are their own or checked already; negatives count from
+    the end."""
     if (
         len(self.shape) == 0
         or len(index.shape) > 1
@@ -65,14 +67,32 @@ def index_select(self: ET, dim: int, index: ET) -> ET:
     return _move_back(picked.cast(self.dtype), dim)
 
 
-@lower("embedding.default")
-def embedding(
-    weight: ET, indices: ET, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False
-) -> ET:
+@lower("index_select.default")
+def index_select_checked(self: ET, dim: int, index: ET) -> ET:
+    out = index_select(self, dim, index)
+    d = dim % len(self.shape)
+    # PyTorch's CPU kernel takes a faster path, with its own message, for
+    # dimension 1; both reject negative indices.
+    kind = "indices_out_of_data" if d == 1 else "out_of_range_in_self"
+    check_bounds("aten::index_select", kind, [index], [self.shape[d]], [d])
+    return out
+
+
+def embedding_rows(weight: ET, indices: ET) -> ET:
+    """The rows of the table that the indices name (unchecked)."""
     if len(weight.shape) != 2:
         raise Unsupported("embedding with a table that is not a matrix")
     flat = index_select(weight, 0, indices.reshape([math.prod(indices.shape)]))
     return flat.reshape(list(indices.shape) + [weight.shape[1]])
+
+
+@lower("embedding.default")
+def embedding(
+    weight: ET, indices: ET, padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False
+) -> ET:
+    out = embedding_rows(weight, indices)
+    check_bounds("aten::embedding", "out_of_range_in_self", [indices], [weight.shape[0]], [0])
+    return out
 
 
 @lower("embedding_dense_backward.default")
@@ -112,6 +132,7 @@ def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce(
         "sum", [-1], False
     )
+    check_bounds("aten::gather", "gather_out_of_bounds", [index], [n], [dim])
     return _move_back(picked.cast(self.dtype), dim)
 
 
@@ -188,7 +209,7 @@ def embedding_bag_forward_only(
     _check_size(b * t, d)
     _check_size(t, v, d)
     flat = indices.reshape([t]).cast("i64")
-    rows = embedding(weight, flat)  # [T, D]
+    rows = embedding_rows(weight, flat)  # [T, D]
     valid, valid_sum = member, summed
     if padding_idx is not None and padding_idx >= 0:
         real = flat.binary("ne", padding_idx).reshape([1, t])
@@ -228,6 +249,11 @@ def embedding_bag_forward_only(
             .reduce("sum", [0], False)
         )
     bag_size = count if mode != 0 else eng().full(0.0, [b], "i64")
+    # PyTorch's CPU kernel words it one way when it sums or averages without
+    # a padding index, another way on its other paths.
+    padded = padding_idx is not None and padding_idx >= 0
+    kind = "embedding_bag" if mode in (0, 1) and not padded else "embedding_bag_idx"
+    check_bounds("aten::embedding_bag", kind, [flat], [v], [0])
     return out, offset2bag, bag_size, max_indices
 
 

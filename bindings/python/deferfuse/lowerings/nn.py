@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, dt, eng, is_float, lower
+from ._registry import Unsupported, check_bounds, dt, eng, is_float, lower
 from .lookups import _check_size, _one_hot
 
 
@@ -306,6 +306,10 @@ def nll_loss_forward(
     picked = mask.where_(self, zero).reduce("sum", [1], False)
     losses = picked.binary("mul", sample_weight).unary("neg")
     total = sample_weight.reduce("sum", [0], False)
+    # Targets equal to ignore_index are never read, so never out of range.
+    t = target.cast("i64")
+    kept = t.binary("eq", ignore_index).where_(0, t)
+    check_bounds("aten::nll_loss", "target", [kept], [self.shape[1]], [0])
     if reduction == 0:
         return losses, total.binary("mul", 0)
     summed = losses.reduce("sum", [0], False)

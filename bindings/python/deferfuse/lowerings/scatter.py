@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from .._engine import Tensor as ET
-from ._registry import Unsupported, axis, broadcast_batch, eng, is_float, lower, need_tensor
+from ._registry import Unsupported, axis, broadcast_batch, check_bounds, eng, is_float, lower, need_tensor
 from .lookups import _check_size, _move_back, _move_last, _one_hot, index_select
 
 _SERIAL_LIMIT = 32768  # at::internal::GRAIN_SIZE: below it PyTorch's index kernels run in one thread
@@ -172,28 +172,40 @@ REDUCE_NAMES = {
 }
 
 
+def _checked_scatter(
+    op: str, self: ET, dim: int, index: ET, src: Any, mode: str, include_self: bool = True
+) -> ET:
+    """The scatter family's ops: `_scatter`, then PyTorch's check of the
+    index against the size of `dim` (negative indices are out of range)."""
+    out = _scatter(self, dim, index, src, mode, include_self)
+    d = dim % len(self.shape) if self.shape else 0
+    size = self.shape[d] if self.shape else 1
+    check_bounds(op, "gather_out_of_bounds", [index], [size], [d])
+    return out
+
+
 @lower("scatter.src", "scatter.value")
 def scatter(self: ET, dim: int, index: ET, src: Any) -> ET:
-    return _scatter(self, dim, index, src, "replace")
+    return _checked_scatter("aten::scatter", self, dim, index, src, "replace")
 
 
 @lower("scatter.reduce", "scatter.value_reduce")
 def scatter_reduce_legacy(self: ET, dim: int, index: ET, src: Any, *, reduce: str) -> ET:
     if reduce not in ("add", "multiply"):
         raise Unsupported(f"scatter reduce {reduce!r}")
-    return _scatter(self, dim, index, src, REDUCE_NAMES[reduce])
+    return _checked_scatter("aten::scatter", self, dim, index, src, REDUCE_NAMES[reduce])
 
 
 @lower("scatter_add.default")
 def scatter_add(self: ET, dim: int, index: ET, src: ET) -> ET:
-    return _scatter(self, dim, index, src, "sum")
+    return _checked_scatter("aten::scatter_add", self, dim, index, src, "sum")
 
 
 @lower("scatter_reduce.two")
 def scatter_reduce(self: ET, dim: int, index: ET, src: ET, reduce: str, *, include_self: bool = True) -> ET:
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise Unsupported(f"scatter_reduce {reduce!r}")
-    return _scatter(self, dim, index, src, reduce, include_self)
+    return _checked_scatter("aten::scatter_reduce", self, dim, index, src, reduce, include_self)
 
 
 # ---- index_* along one dimension ------------------------------------------------
@@ -215,32 +227,70 @@ def _spread_index(self: ET, dim: int, index: ET, source: ET) -> tuple[int, ET, E
     return dim, index.reshape(shape).expand(list(source.shape)), source
 
 
-def _index_scatter(self: ET, dim: int, index: ET, source: ET, mode: str, include_self: bool = True) -> ET:
+def _index_scatter(
+    self: ET,
+    dim: int,
+    index: ET,
+    source: ET,
+    mode: str,
+    include_self: bool = True,
+    *,
+    op: str,
+    kinds: tuple[str, ...],
+) -> ET:
+    """index_add / index_copy / index_reduce along `dim`, then PyTorch's
+    checks of the index, with `kinds` their messages in the order PyTorch
+    makes them (the first that fails is raised)."""
     d, idx, src = _spread_index(self, dim, index, source)
     if len(self.shape) == 0:
-        return _scatter(self.reshape([1]), 0, idx, src, mode, include_self).reshape([])
-    return _scatter(self, d, idx, src, mode, include_self)
+        out = _scatter(self.reshape([1]), 0, idx, src, mode, include_self).reshape([])
+    else:
+        out = _scatter(self, d, idx, src, mode, include_self)
+    for kind in kinds:
+        check_bounds(op, kind, [index], [self.shape[d] if self.shape else 1], [d])
+    return out
 
 
 @lower("index_add.default")
 def index_add(self: ET, dim: int, index: ET, source: ET, *, alpha: Any = 1) -> ET:
+    rank = len(self.shape)
+    d = dim % rank if rank else 0
+    # PyTorch's CPU kernel runs as scatter_add (and so raises scatter's
+    # RuntimeError) along the first or last dimension of a tensor of rank 2
+    # or more, for alpha 1, an int64 index and a source of self's sizes off
+    # that dimension; else it raises IndexError "index out of range in self".
+    as_scatter = (
+        rank > 1
+        and d in (0, rank - 1)
+        and alpha == 1
+        and index.dtype == "i64"
+        and len(source.shape) == rank
+        and all(a == b for i, (a, b) in enumerate(zip(self.shape, source.shape)) if i != d)
+    )
     if alpha != 1:
         source = source.binary("mul", alpha)
-    return _index_scatter(self, dim, index, source, "sum")
+    kind = "gather_out_of_bounds" if as_scatter else "out_of_range_in_self"
+    return _index_scatter(self, dim, index, source, "sum", op="aten::index_add", kinds=(kind,))
 
 
 @lower("index_copy.default")
 def index_copy(self: ET, dim: int, index: ET, source: ET) -> ET:
     if math.prod(source.shape) > _SERIAL_LIMIT:
         raise Unsupported("index_copy large enough for PyTorch to run in threads")
-    return _index_scatter(self, dim, index, source, "replace")
+    return _index_scatter(self, dim, index, source, "replace", op="aten::index_copy", kinds=("index_copy",))
 
 
 @lower("index_reduce.default")
 def index_reduce(self: ET, dim: int, index: ET, source: ET, reduce: str, *, include_self: bool = True) -> ET:
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise Unsupported(f"index_reduce {reduce!r}")
-    return _index_scatter(self, dim, index, source, reduce, include_self)
+    # Without self, PyTorch first fills the named positions with the
+    # reduction's identity (index_fill_), whose own check comes first; it
+    # accepts negative indices, which the reduction then rejects.
+    kinds = ("out_of_range_in_self",) if include_self else ("out_of_bounds", "out_of_range_in_self")
+    return _index_scatter(
+        self, dim, index, source, reduce, include_self, op="aten::index_reduce", kinds=kinds
+    )
 
 
 @lower("index_fill.int_Scalar", "index_fill.int_Tensor")
@@ -259,7 +309,9 @@ def index_fill(self: ET, dim: int, index: ET, value: Any) -> ET:
     shape = [1] * len(self.shape)
     shape[dim] = n
     fill = value.cast(self.dtype) if isinstance(value, ET) else _scalar(value, self.dtype)
-    return chosen.reshape(shape).where_(fill, self).cast(self.dtype)
+    out = chosen.reshape(shape).where_(fill, self).cast(self.dtype)
+    check_bounds("aten::index_fill", "out_of_bounds", [index], [n], [dim])
+    return out
 
 
 # ---- flat put / take ------------------------------------------------------------
@@ -278,6 +330,7 @@ def put(self: ET, index: ET, source: ET, accumulate: bool = False) -> ET:
     flat = _scatter(
         self.reshape([total]), 0, index.reshape([m]), source.reshape([m]), "sum" if accumulate else "replace"
     )
+    check_bounds("aten::put", "take", [index], [total], [0])
     return flat.reshape(list(self.shape))
 
 
@@ -289,16 +342,19 @@ def take(self: ET, index: ET) -> ET:
         return eng().full(0.0, list(index.shape), self.dtype)
     if total == 0:
         raise Unsupported("take from an empty tensor")
-    return index_select(self.reshape([total]), 0, index.reshape([m])).reshape(list(index.shape))
+    out = index_select(self.reshape([total]), 0, index.reshape([m])).reshape(list(index.shape))
+    check_bounds("aten::take", "take", [index], [total], [0])
+    return out
 
 
 # ---- advanced indexing ----------------------------------------------------------
 
 
-def _linear_index(self: ET, indices: list[Any]) -> tuple[list[int], list[int], ET, list[int], int]:
+def _linear_index(self: ET, indices: list[Any]) -> tuple[list[int], list[int], ET, list[int], int, list[ET]]:
     """The indexed axes, the others, the flat position [b] within the
-    indexed axes (negatives wrapped), the broadcast index shape and the
-    product of the indexed sizes."""
+    indexed axes (negatives wrapped), the broadcast index shape, the
+    product of the indexed sizes, and each index as given, broadcast to [b]
+    (what the bounds check reads)."""
     if len(indices) > len(self.shape):
         raise Unsupported("too many indices")
     axes = [a for a, i in enumerate(indices) if i is not None]
@@ -312,15 +368,23 @@ def _linear_index(self: ET, indices: list[Any]) -> tuple[list[int], list[int], E
     b = math.prod(shape)
     flat = None
     span = 1
+    given = []
     for a in reversed(axes):
         n = self.shape[a]
         i = indices[a].cast("i64").expand(shape).reshape([b])
+        given.insert(0, i)
         i = i.binary("lt", 0).where_(i.binary("add", n), i)
         term = i.binary("mul", span) if span != 1 else i
         flat = term if flat is None else flat.binary("add", term)
         span *= n
     rest = [a for a in range(len(self.shape)) if a not in axes]
-    return axes, rest, flat, shape, span
+    return axes, rest, flat, shape, span, given
+
+
+def _check_advanced(op: str, self: ET, axes: list[int], given: list[ET]) -> None:
+    """PyTorch's check of advanced indices: the first element out of range
+    in any of them, named by the index's place among the index tensors."""
+    check_bounds(op, "out_of_bounds", given, [self.shape[a] for a in axes], list(range(len(axes))))
 
 
 def _adjacent(axes: list[int]) -> bool:
@@ -333,7 +397,7 @@ def index(self: ET, indices: list[Any]) -> ET:
     the index's shape replaces the indexed axes in place when they are
     adjacent, else leads (NumPy's rule)."""
     need_tensor(self)
-    axes, rest, flat, shape, span = _linear_index(self, list(indices))
+    axes, rest, flat, shape, span, given = _linear_index(self, list(indices))
     b = math.prod(shape)
     rest_shape = [self.shape[a] for a in rest]
     if b == 0 or math.prod(rest_shape) == 0:
@@ -353,6 +417,7 @@ def index(self: ET, indices: list[Any]) -> ET:
     before = [r for r in range(len(rest)) if rest[r] < lead] if lead else []
     after = [r for r in range(len(rest)) if r not in before]
     perm = before + [len(rest) + j for j in range(k)] + after
+    _check_advanced("aten::index", self, axes, given)
     return picked.permute(perm)
 
 
@@ -373,7 +438,7 @@ def index_put(self: ET, indices: list[Any], values: Any, accumulate: bool = Fals
         v = values.reshape([]) if isinstance(values, ET) else values
         mask = mask.reshape(list(mask.shape) + [1] * (len(self.shape) - len(mask.shape)))
         return mask.where_(v, self).cast(self.dtype)
-    axes, rest, flat, shape, span = _linear_index(self, indices)
+    axes, rest, flat, shape, span, given = _linear_index(self, indices)
     b = math.prod(shape)
     if b == 0:
         return self
@@ -404,4 +469,5 @@ def index_put(self: ET, indices: list[Any], values: Any, accumulate: bool = Fals
     out = out.reshape(rest_shape + [self.shape[a] for a in axes])
     order = rest + axes
     inverse = [order.index(a) for a in range(len(self.shape))]
+    _check_advanced("aten::index_put", self, axes, given)
     return out.permute(inverse)

@@ -11,11 +11,12 @@ mod layout;
 mod summary;
 mod svg;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use deferfuse::dump::{DumpError, FlushDump};
+use deferfuse::dump::{DumpError, FlushDump, DEFAULT_MAX_DUMP_BYTES};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -23,7 +24,7 @@ Exit codes:
   1  a dump is missing, unreadable, truncated, corrupt, inconsistent or from a newer deferfuse
   2  bad command line
   3  the request does not fit the dump (no such op, no graph in the dump)
-  4  the output file could not be written";
+  4  the output (a file, or standard output: closed or full) could not be written";
 
 /// Shows what DeferAndFuse fused, why, and what it cost, from the JSON dumps
 /// written with TORCH_TPU_FUSION_DUMP=<dir>.
@@ -32,6 +33,9 @@ Exit codes:
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The largest dump read, in bytes; a larger one is refused (exit code 1).
+    #[arg(long, global = true, default_value_t = DEFAULT_MAX_DUMP_BYTES)]
+    max_bytes: u64,
 }
 
 #[derive(Subcommand)]
@@ -92,35 +96,46 @@ impl From<DumpError> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli.command) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+    match run(cli.command, cli.max_bytes) {
+        // `print!` would panic on a closed or full standard output (`| head`,
+        // `> /dev/full`); a write error is exit code 4 like any other output.
+        Ok(text) => match write_stdout(&text) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(4, &format!("standard output: cannot write: {e}")),
+        },
         Err(Failure::Dump(e)) => fail(1, &e.to_string()),
         Err(Failure::Request(msg)) => fail(3, &msg),
         Err(Failure::Write(path, e)) => fail(4, &format!("{}: cannot write: {e}", path.display())),
     }
 }
 
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
 fn fail(code: u8, message: &str) -> ExitCode {
-    eprintln!("fusion-debug: {message}");
+    // Not `eprintln!`, which panics when standard error is closed too.
+    let _ = writeln!(std::io::stderr(), "fusion-debug: {message}");
     ExitCode::from(code)
 }
 
-/// Runs a command; its result is what to print.
-fn run(command: Command) -> Result<String, Failure> {
+/// Runs a command, reading dumps of at most `max_bytes`; its result is what
+/// to print.
+fn run(command: Command, max_bytes: u64) -> Result<String, Failure> {
+    let load = |path: &Path| FlushDump::load_limited(path, max_bytes);
     match command {
         Command::Summary { path } => {
             let files = FlushDump::list(&path)?;
             let dumps = files
                 .iter()
-                .map(|f| Ok((f.clone(), FlushDump::load(f)?)))
+                .map(|f| Ok((f.clone(), load(f)?)))
                 .collect::<Result<Vec<_>, DumpError>>()?;
             Ok(summary::render(&dumps))
         }
         Command::Show { dump, format, output } => {
-            let d = FlushDump::load(&dump)?;
+            let d = load(&dump)?;
             let title = dump
                 .file_name()
                 .map_or_else(|| "flush".into(), |n| n.to_string_lossy().into_owned());
@@ -137,11 +152,9 @@ fn run(command: Command) -> Result<String, Failure> {
             }
         }
         Command::Explain { dump, op } => {
-            explain::explain(&FlushDump::load(&dump)?, op).map_err(Failure::Request)
+            explain::explain(&load(&dump)?, op).map_err(Failure::Request)
         }
-        Command::Diff { a, b } => {
-            Ok(diff::diff((&a, &FlushDump::load(&a)?), (&b, &FlushDump::load(&b)?)))
-        }
+        Command::Diff { a, b } => Ok(diff::diff((&a, &load(&a)?), (&b, &load(&b)?))),
     }
 }
 

@@ -83,6 +83,9 @@ impl<'a> Data<'a> {
     #[inline(always)]
     pub(crate) fn read_run(&self, offset: usize, out: &mut [f32]) {
         let n = out.len();
+        if n == 0 {
+            return; // a view of an empty buffer may start past its end
+        }
         match self {
             Data::F32(v) => out.copy_from_slice(&v[offset..offset + n]),
             Data::F32Donated(d) => {
@@ -117,6 +120,9 @@ impl<'a> Data<'a> {
     /// `out[t] = self[offset + t * stride]`.
     #[inline(always)]
     pub(crate) fn gather(&self, offset: usize, stride: usize, out: &mut [f32]) {
+        if out.is_empty() {
+            return; // as in `read_run`
+        }
         match stride {
             0 => out.fill(self.get(offset)),
             1 => self.read_run(offset, out),

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use rewrite_rules::program::{Frame, Instr, LoopKernel, Reg, View};
 use smallvec::SmallVec;
 use trace_ir::shape::numel;
-use trace_ir::{DType, Meta, ReduceOp, Result, Shape};
+use trace_ir::{DType, Meta, Result, Shape};
 
 use super::io::{alloc_output, Access, Data, Donated, Dst};
 use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
@@ -75,7 +75,6 @@ pub(crate) struct LoopExec {
     loads: Vec<Option<LoadSpec>>,
     inputs: Vec<Meta>,
     outputs: Vec<Meta>,
-    has_extreme: bool,
     /// Whether each register depends on a reduction's result.
     pub after_reduce: Vec<bool>,
     /// No per-element register depends on a reduction: long rows can be
@@ -202,8 +201,6 @@ pub(crate) struct Checked {
     /// Per register: `Some` for loads and the accumulator.
     loads: Vec<Option<LoadSpec>>,
     pub stores: Vec<StoreSpec>,
-    /// Whether a reduction is a max or a min (they have no empty result).
-    has_extreme: bool,
 }
 
 /// Checks `kernel` against its inputs' and outputs' metas and derives each
@@ -223,7 +220,6 @@ pub(crate) fn check(
     let n = kernel.instrs.len();
     let mut level = Vec::with_capacity(n);
     let mut loads = Vec::with_capacity(n);
-    let mut has_extreme = false;
     for (i, ins) in kernel.instrs.iter().enumerate() {
         if ins.operands().iter().any(|&o| o >= i) {
             return Err(internal(format!("instruction {i} reads a register defined later")));
@@ -271,11 +267,10 @@ pub(crate) fn check(
             Instr::Unary { x, .. } | Instr::Round { x, .. } => (lv(*x), None),
             Instr::Binary { a, b, .. } => (lv(*a).max(lv(*b)), None),
             Instr::Where { c, a, b } => (lv(*c).max(lv(*a)).max(lv(*b)), None),
-            Instr::Reduce { op, x } => {
+            Instr::Reduce { x, .. } => {
                 if k == 0 {
                     return Err(internal("a reduction in a loop without row dimensions"));
                 }
-                has_extreme |= matches!(op, ReduceOp::Max | ReduceOp::Min);
                 (if lv(*x) == Level::Scalar { Level::Scalar } else { Level::Row }, None)
             }
         };
@@ -311,7 +306,7 @@ pub(crate) fn check(
         };
         stores.push(StoreSpec { reg: st.reg, output: st.output, layout, frame: st.frame });
     }
-    Ok(Checked { level, loads, stores, has_extreme })
+    Ok(Checked { level, loads, stores })
 }
 
 /// The order a tile runs a kernel's instructions in, and where their
@@ -496,8 +491,7 @@ impl LoopExec {
         outputs: Vec<Meta>,
         epilogue: bool,
     ) -> Result<LoopExec> {
-        let Checked { level, loads, stores, has_extreme } =
-            check(kernel, &inputs, &outputs, epilogue)?;
+        let Checked { level, loads, stores } = check(kernel, &inputs, &outputs, epilogue)?;
         let stored: Vec<Reg> = stores.iter().map(|st| st.reg).collect();
         let Schedule { slot, n_elem, n_row, scalar_order, tile_order, after_reduce, chunked } =
             schedule(&kernel.instrs, &level, &stored, kernel.row_dims)?;
@@ -515,7 +509,6 @@ impl LoopExec {
             loads,
             inputs,
             outputs,
-            has_extreme,
         })
     }
 
@@ -593,16 +586,6 @@ impl LoopExec {
         let acc_shape: Option<Shape> = acc.as_ref().map(|b| b.meta().shape.clone());
         let shape = self.runtime_shape(&inputs, acc_shape.as_deref(), planned)?;
         let (r, k) = (shape.len(), self.kernel.row_dims);
-        let outer: Shape = shape[..r - k].into();
-        let rows = numel(&outer);
-        let cols = numel(&shape[r - k..]);
-        if self.has_extreme && rows > 0 && cols == 0 {
-            return Err(trace_ir::Error::shape(
-                "max",
-                "cannot reduce over an empty axis",
-                &[&shape],
-            ));
-        }
         let metas: Vec<Meta> = (0..self.outputs.len())
             .map(|o| {
                 let meta = &self.outputs[o];
@@ -617,6 +600,10 @@ impl LoopExec {
                 Meta::new(dims, meta.dtype)
             })
             .collect();
+        // Rows of no columns are fine: a max or min in a kernel belongs to a
+        // softmax (whose output is as empty as its rows), because a user's
+        // max or min over an empty axis is refused when it is recorded
+        // (`trace_ir::infer`), as PyTorch refuses it.
         // Operands this run may overwrite with an output, and their memory.
         let donors = self.donors(&mut inputs, acc.is_some(), &metas, &shape);
         let mut acc = acc.and_then(Buffer::into_host_data);
@@ -974,7 +961,7 @@ impl Data<'_> {
 mod tests {
     use super::*;
     use rewrite_rules::program::Store;
-    use trace_ir::{BinaryOp, UnaryOp};
+    use trace_ir::{BinaryOp, ReduceOp, UnaryOp};
 
     const ROWS: usize = 4;
     const COLS: usize = 8;

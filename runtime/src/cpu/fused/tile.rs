@@ -170,17 +170,7 @@ macro_rules! with_unary {
                 $body
             }
             Sign => {
-                let $f = |x: f32| {
-                    if x > 0.0 {
-                        1.0
-                    } else if x < 0.0 {
-                        -1.0
-                    } else if x.is_nan() {
-                        x
-                    } else {
-                        0.0
-                    }
-                };
+                let $f = $crate::cpu::elementwise::sign;
                 $body
             }
             LogicalNot => {
@@ -299,6 +289,9 @@ fn un<F: Fn(f32) -> f32>(f: F, out: &mut [f32], x: &[f32]) {
 /// `out = f(a, b)` with `a`, `b` broadcast to `out`'s level; rows have `cols` elements.
 #[inline(always)]
 fn bin<F: Fn(f32, f32) -> f32>(f: F, out: &mut [f32], a: A<'_>, b: A<'_>, cols: usize) {
+    if out.is_empty() {
+        return; // rows of no columns: nothing to write (and no chunk size)
+    }
     match (a, b) {
         (A::E(x), A::E(y)) | (A::R(x), A::R(y)) => {
             for ((o, &p), &q) in out.iter_mut().zip(x).zip(y) {
@@ -432,17 +425,21 @@ pub(crate) fn reduce_row(op: ReduceOp, x: &[f32]) -> f32 {
 /// A reduction of a value constant along the row (`cols` copies of `v`).
 #[inline(always)]
 pub(crate) fn reduce_const(op: ReduceOp, v: f32, cols: usize) -> f32 {
+    // A row of nothing reduces to the identity whatever `v` is: `v * 0` would
+    // make an infinite `v` (a log-softmax of an empty row) NaN.
+    if cols == 0 {
+        return match op {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Mean => f32::NAN,
+            ReduceOp::Max => f32::NEG_INFINITY,
+            ReduceOp::Min => f32::INFINITY,
+        };
+    }
     match op {
         ReduceOp::Sum => (v as f64 * cols as f64) as f32,
-        ReduceOp::Mean => {
-            if cols == 0 {
-                f32::NAN
-            } else {
-                v
-            }
-        }
+        ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min => v,
         ReduceOp::Prod => (v as f64).powi(cols as i32) as f32,
-        ReduceOp::Max | ReduceOp::Min => v,
     }
 }
 
