@@ -41,7 +41,7 @@ fn pjrt(
     let store = config.cache_dir.as_ref().and_then(|dir| {
         crate::disk_cache::DiskCache::open_or_warn(
             dir.join(PJRT_EXECUTABLES_DIR),
-            config.disk_cache_limits(),
+            crate::disk_cache::DiskCacheLimits::from_config(config),
         )
     });
     let backend = match store {

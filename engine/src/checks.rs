@@ -15,12 +15,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use trace_ir::{DType, Error, IndexErrorClass, IndexOutOfBounds, Result};
+use trace_ir::{Error, IndexErrorClass, IndexOutOfBounds, Result};
+
+use runtime::Backend;
 
 use crate::config::Mode;
-use crate::context::{Context, Shared};
 use crate::element::Element;
-use crate::tensor::{Cell, Tensor};
+use crate::value::{Cell, Value};
 
 /// Which of PyTorch's errors an out-of-range index raises, and so which
 /// indices are valid: PyTorch's kernels disagree on both.
@@ -121,32 +122,23 @@ impl BoundsMessage {
     }
 }
 
-/// One index tensor of a check, with the size and the number of the
-/// dimension it indexes (the number is only used in the message).
-#[derive(Debug, Clone, Copy)]
-pub struct IndexBound<'a> {
-    pub index: &'a Tensor,
-    pub size: usize,
-    pub dim: usize,
-}
-
 /// One index tensor of a check not read yet: `first` holds the first flat
 /// position of an index out of range (`numel` when none is). The index
 /// itself is kept to read the offending value, which only a failed check
 /// does.
-struct Part {
-    first: Tensor,
-    index: Tensor,
-    size: usize,
-    dim: usize,
+pub(crate) struct Part {
+    pub first: Arc<Value>,
+    pub index: Arc<Value>,
+    pub size: usize,
+    pub dim: usize,
 }
 
-struct Check {
-    parts: Vec<Part>,
-    numel: usize,
-    op: String,
-    message: BoundsMessage,
-    site: String,
+pub(crate) struct Check {
+    pub parts: Vec<Part>,
+    pub numel: usize,
+    pub op: String,
+    pub message: BoundsMessage,
+    pub site: String,
 }
 
 /// The checks of one context that nobody has read yet.
@@ -159,7 +151,7 @@ pub(crate) struct Outstanding {
 }
 
 impl Outstanding {
-    fn push(&self, check: Check) {
+    pub fn push(&self, check: Check) {
         let mut checks = self.checks.lock().unwrap();
         checks.push(check);
         self.any.store(true, Ordering::Release);
@@ -179,26 +171,22 @@ impl Outstanding {
                 mode != Mode::DeferAndFuse
                     || c.parts
                         .iter()
-                        .all(|p| !matches!(*p.first.0.cell.lock().unwrap(), Cell::Deferred { .. }))
+                        .all(|p| !matches!(*p.first.cell.lock().unwrap(), Cell::Deferred { .. }))
             });
         *checks = waiting;
         self.any.store(!checks.is_empty(), Ordering::Release);
         settled
     }
-}
 
-impl Shared {
     /// Fails with the first outstanding check that found an index out of
-    /// range; every check read here is dropped, failed or not, so the error
-    /// is raised once. Called after every read of a value and by `sync`.
-    pub(crate) fn raise_failed_checks(&self) -> Result<()> {
-        let settled = self.checks.take_settled(self.config.mode);
+    /// range, reading the flags from `backend`; every check read here is
+    /// dropped, failed or not, so the error is raised once. Called after
+    /// every read of a value and by `sync`.
+    pub(crate) fn raise_failed(&self, mode: Mode, backend: &dyn Backend) -> Result<()> {
+        let settled = self.take_settled(mode);
         let mut first = Ok(());
         for check in settled {
-            let verdict = check.verdict(|t| {
-                let buffer = t.0.wait_buffer()?;
-                Ok(i64::from_host(self.backend.download(&buffer)?))
-            });
+            let verdict = check.verdict(|v| read_i64(backend, v));
             if first.is_ok() {
                 first = verdict;
             }
@@ -212,7 +200,7 @@ impl Check {
     /// Of several index tensors read together (advanced indexing), PyTorch
     /// names the first element that is out of range in any of them, and of
     /// those the first tensor.
-    fn verdict(&self, read: impl Fn(&Tensor) -> Result<Vec<i64>>) -> Result<()> {
+    pub fn verdict(&self, read: impl Fn(&Value) -> Result<Vec<i64>>) -> Result<()> {
         let mut worst: Option<(usize, &Part)> = None;
         for part in &self.parts {
             // A flag that failed to compute belongs to a flush or a stream
@@ -239,79 +227,8 @@ impl Check {
     }
 }
 
-impl Tensor {
-    /// Checks that every element of this integer index is in range for a
-    /// dimension of `size` (the `dim`-th, as the message names it), as the
-    /// PyTorch op `op` would. Debug checks now and fails here; Strict and
-    /// DeferAndFuse fail at the next read of any value of this context, or
-    /// at `sync`, without reading anything back for the check alone. The
-    /// error names `op` and the caller's file and line.
-    #[track_caller]
-    pub fn check_index(
-        &self,
-        size: usize,
-        op: &str,
-        dim: usize,
-        message: BoundsMessage,
-    ) -> Result<()> {
-        let site = std::panic::Location::caller();
-        self.context().check_indices(
-            &[IndexBound { index: self, size, dim }],
-            op,
-            message,
-            &format!("{}:{}", site.file(), site.line()),
-        )
-    }
-}
-
-impl Context {
-    /// [`Tensor::check_index`] for index tensors of one shape read together,
-    /// element by element (advanced indexing), with the call site given:
-    /// `site` is what the error prints after "at" (a binding passes its
-    /// caller's `file:line`).
-    pub fn check_indices(
-        &self,
-        indices: &[IndexBound<'_>],
-        op: &str,
-        message: BoundsMessage,
-        site: &str,
-    ) -> Result<()> {
-        let Some(first) = indices.first() else { return Ok(()) };
-        let numel = first.index.numel();
-        for b in indices {
-            if !b.index.dtype().is_int() {
-                return Err(Error::dtype(op, "indices must be integers", &[b.index.dtype()]));
-            }
-            if b.index.shape() != first.index.shape() {
-                return Err(Error::shape(
-                    op,
-                    "index tensors checked together must have one shape",
-                    &[&first.index.meta().shape, &b.index.meta().shape],
-                ));
-            }
-            if !Arc::ptr_eq(&b.index.0.ctx, &self.shared) {
-                return Err(Error::attr(op, "index belongs to another context"));
-            }
-        }
-        if numel == 0 {
-            return Ok(());
-        }
-        let positions = self.arange(0.0, numel as f64, 1.0, DType::I64)?;
-        let mut parts = Vec::with_capacity(indices.len());
-        for b in indices {
-            let index = b.index.reshape(&[numel])?.to_dtype(DType::I64)?;
-            let n = b.size as i64;
-            let low = if message.allows_negative() { -n } else { 0 };
-            let bad = index.lt(low)?.logical_or(index.ge(n)?)?;
-            // One reduction: the first offending position, numel when none is.
-            let first = bad.where_cond(&positions, numel as i64)?.min(&[0], true)?;
-            parts.push(Part { first, index, size: b.size, dim: b.dim });
-        }
-        let check = Check { parts, numel, op: op.into(), message, site: site.into() };
-        if self.mode() == Mode::Debug {
-            return check.verdict(|t| t.to_vec::<i64>());
-        }
-        self.shared.checks.push(check);
-        Ok(())
-    }
+/// The elements of a computed integer value, as `i64`.
+pub(crate) fn read_i64(backend: &dyn Backend, value: &Value) -> Result<Vec<i64>> {
+    let buffer = value.wait_buffer()?;
+    Ok(i64::from_host(backend.download(&buffer)?))
 }

@@ -376,21 +376,6 @@ where
     })
 }
 
-impl Config {
-    /// The budget and entry limit of each on-disk store.
-    pub fn disk_cache_limits(&self) -> crate::disk_cache::DiskCacheLimits {
-        crate::disk_cache::DiskCacheLimits {
-            budget_bytes: self.cache_bytes,
-            max_entry_bytes: self.cache_max_entry_bytes,
-        }
-    }
-
-    /// The bounds of each in-memory cache tier.
-    pub fn memory_cache_limits(&self) -> crate::pipeline::TierLimits {
-        crate::pipeline::TierLimits { entries: self.cache_entries, bytes: self.cache_memory_bytes }
-    }
-}
-
 /// Which aten ops the PyTorch binding decomposes: `all`, or `default` (its
 /// measured list; also what an empty or unset value means).
 pub const ENV_DECOMPOSE: &str = "TORCH_TPU_DECOMPOSE";

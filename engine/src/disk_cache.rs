@@ -58,6 +58,16 @@ pub struct DiskCacheLimits {
     pub max_entry_bytes: u64,
 }
 
+impl DiskCacheLimits {
+    /// The limits `config` sets.
+    pub fn from_config(config: &crate::config::Config) -> DiskCacheLimits {
+        DiskCacheLimits {
+            budget_bytes: config.cache_bytes,
+            max_entry_bytes: config.cache_max_entry_bytes,
+        }
+    }
+}
+
 impl Default for DiskCacheLimits {
     fn default() -> Self {
         DiskCacheLimits {

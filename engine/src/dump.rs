@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use ahash::AHashMap;
 
 use rewrite_rules::program::{KernelKind, Program};
-use rewrite_rules::{RewriteConfig, RewriteReport};
+use rewrite_rules::{RewriteConfig, RewriteReport, Stop};
 use serde::{Deserialize, Serialize};
 use trace_ir::signature::{ClassSize as Size, SizeSymbols};
 use trace_ir::{NodeId, Op, Shape, ShapeClass, Signature, Trace};
@@ -145,8 +145,8 @@ pub struct RewriteDump {
     pub ran_in_this_flush: bool,
     /// How many times each rule changed the e-graph.
     pub rules_fired: BTreeMap<String, usize>,
-    /// `"saturated"`, or the limit that stopped saturation.
-    pub stop_reason: String,
+    /// Why saturation stopped (in the file: `"saturated"`, `"node limit"`, ...).
+    pub stop_reason: Stop,
     pub iterations: usize,
     pub egraph_nodes: usize,
     pub egraph_classes: usize,
@@ -164,7 +164,7 @@ impl RewriteDump {
         RewriteDump {
             ran_in_this_flush,
             rules_fired: report.rules_fired.clone(),
-            stop_reason: report.stop_reason.to_string(),
+            stop_reason: report.stop_reason.clone(),
             iterations: report.iterations,
             egraph_nodes: report.egraph_nodes,
             egraph_classes: report.egraph_classes,
@@ -177,8 +177,8 @@ impl RewriteDump {
     }
 
     /// The limit that stopped saturation, if one did.
-    pub fn limit_hit(&self) -> Option<&str> {
-        Some(self.stop_reason.as_str()).filter(|r| *r != "saturated")
+    pub fn limit_hit(&self) -> Option<&Stop> {
+        Some(&self.stop_reason).filter(|r| r.is_limit())
     }
 }
 

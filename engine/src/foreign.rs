@@ -7,7 +7,8 @@
 use trace_ir::Result;
 
 use crate::context::Context;
-use crate::tensor::{Cell, Tensor, TensorInner};
+use crate::tensor::Tensor;
+use crate::value::{Cell, Value};
 
 impl Context {
     /// True when both handles are the same engine instance.
@@ -22,16 +23,15 @@ impl Tensor {
     /// on the same kind of backend, its buffer is shared without a copy (host
     /// buffers are plain memory); other backends go through the host.
     pub fn to_context(&self, ctx: &Context) -> Result<Tensor> {
-        if std::sync::Arc::ptr_eq(&self.0.ctx, &ctx.shared) {
+        if std::sync::Arc::ptr_eq(&self.ctx, &ctx.shared) {
             return Ok(self.clone());
         }
-        let buffer = self.0.ctx.materialize(&self.0)?;
-        if self.0.ctx.backend.name() == ctx.shared.backend.name() && ctx.backend_name() == "cpu" {
-            let inner =
-                TensorInner::new(ctx.shared.clone(), self.0.meta.clone(), Cell::Ready(buffer));
-            return Ok(Tensor(inner));
+        let buffer = self.ctx.materialize(&self.value)?;
+        if self.ctx.backend.name() == ctx.shared.backend.name() && ctx.backend_name() == "cpu" {
+            let value = Value::new(self.value.meta.clone(), Cell::Ready(buffer));
+            return Ok(Tensor::new(ctx.shared.clone(), value));
         }
-        let data = self.0.ctx.backend.download(&buffer)?;
-        ctx.tensor_from_host(self.0.meta.clone(), data)
+        let data = self.ctx.backend.download(&buffer)?;
+        ctx.tensor_from_host(self.value.meta.clone(), data)
     }
 }

@@ -17,6 +17,7 @@
 //! - [`BackendKind`]: `TORCH_TPU_BACKEND=cpu|pjrt` (PJRT with the `pjrt` feature).
 
 pub mod backend_select;
+mod bounds;
 mod checks;
 pub mod config;
 mod context;
@@ -31,19 +32,23 @@ mod lru;
 pub mod ops;
 mod pending;
 pub mod pipeline;
+mod shared;
 mod stream;
 mod tensor;
+mod value;
 mod warn;
 #[cfg(feature = "workloads")]
 pub mod workloads;
 
-pub use checks::{BoundsMessage, IndexBound};
+pub use bounds::IndexBound;
+pub use checks::BoundsMessage;
 pub use config::{BackendKind, Config, DebugChecks, FusedRounding, Mode};
-pub use context::{Context, EngineStats, FlushReport};
+pub use context::Context;
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};
 pub use pipeline::{CacheStats, TierLimits, TierStats};
 pub use runtime::{BackendStats, HostData, MemoryStats};
+pub use shared::{EngineStats, FlushReport};
 pub use tensor::Tensor;
 pub use trace_ir::{DType, Error, IndexErrorClass, IndexOutOfBounds, Result, Shape};
 

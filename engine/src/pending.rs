@@ -9,7 +9,7 @@ use ahash::AHashMap;
 use runtime::Buffer;
 use trace_ir::{Error, NodeId, Op, Result, Trace};
 
-use crate::tensor::{Cell, TensorInner};
+use crate::value::{Cell, Value};
 
 pub(crate) struct PendingTrace {
     pub epoch: u64,
@@ -20,7 +20,7 @@ pub(crate) struct PendingTrace {
     /// tensor read twice is one parameter.
     param_nodes: AHashMap<usize, NodeId>,
     /// The tensor of each node (none for parameters).
-    pub owners: Vec<Weak<TensorInner>>,
+    pub owners: Vec<Weak<Value>>,
     /// Where each op was recorded, kept only while fusion dumps are on.
     call_sites: Vec<(NodeId, &'static Location<'static>)>,
 }
@@ -30,7 +30,7 @@ pub(crate) struct PendingTrace {
 pub(crate) struct FlushPlan {
     pub trace: Trace,
     pub inputs: Vec<Arc<Buffer>>,
-    pub holders: Vec<Arc<TensorInner>>,
+    pub holders: Vec<Arc<Value>>,
     /// The call site of each node of `trace`, when fusion dumps recorded them.
     pub call_sites: Vec<Option<&'static Location<'static>>>,
 }
@@ -53,7 +53,7 @@ impl PendingTrace {
 
     /// The node that stands for `tensor` in this trace, adding a parameter
     /// when the tensor is already materialized.
-    pub fn node_of(&mut self, tensor: &TensorInner) -> Result<NodeId> {
+    pub fn node_of(&mut self, tensor: &Value) -> Result<NodeId> {
         match &*tensor.cell.lock().unwrap() {
             Cell::Deferred { node, epoch } if *epoch == self.epoch => Ok(*node),
             Cell::Ready(buffer) => {
@@ -85,7 +85,7 @@ impl PendingTrace {
         self.call_sites.push((node, site));
     }
 
-    pub fn set_owner(&mut self, node: NodeId, owner: Weak<TensorInner>) {
+    pub fn set_owner(&mut self, node: NodeId, owner: Weak<Value>) {
         debug_assert_eq!(node, self.owners.len());
         self.owners.push(owner);
     }

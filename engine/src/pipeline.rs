@@ -64,6 +64,13 @@ pub struct TierLimits {
     pub bytes: u64,
 }
 
+impl TierLimits {
+    /// The bounds `config` sets.
+    pub fn from_config(config: &crate::config::Config) -> TierLimits {
+        TierLimits { entries: config.cache_entries, bytes: config.cache_memory_bytes }
+    }
+}
+
 impl Default for TierLimits {
     fn default() -> Self {
         TierLimits {

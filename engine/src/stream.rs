@@ -8,11 +8,11 @@ use runtime::Backend;
 use trace_ir::{Error, Result};
 
 use crate::pipeline::{Pipeline, Preparation};
-use crate::tensor::TensorInner;
+use crate::value::{forked_error, Value};
 use trace_ir::Op;
 
 pub(crate) enum Job {
-    Run { op: Op, inputs: Vec<Arc<TensorInner>>, output: Arc<TensorInner> },
+    Run { op: Op, inputs: Vec<Arc<Value>>, output: Arc<Value> },
     Barrier(SyncSender<()>),
 }
 
@@ -72,21 +72,11 @@ impl Stream {
     }
 }
 
-/// The error of a stream used in a forked child.
-pub(crate) fn forked_error() -> Error {
-    Error::backend(
-        "stream",
-        "this Strict context was created before the process forked, and its stream thread \
-         does not exist in the child; create a new context in the child (the PyTorch binding \
-         does this by itself), or use the `spawn` start method",
-    )
-}
-
 fn run_job(
     backend: &dyn Backend,
     pipeline: &Pipeline,
     op: &Op,
-    inputs: &[Arc<TensorInner>],
+    inputs: &[Arc<Value>],
 ) -> Result<Arc<runtime::Buffer>> {
     let buffers = inputs.iter().map(|t| t.wait_input()).collect::<Result<Vec<_>>>()?;
     let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();

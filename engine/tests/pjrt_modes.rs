@@ -20,7 +20,7 @@ use runtime::MemoryTracker;
 /// The plugin named by `TORCH_TPU_PJRT_PLUGIN` (what `Config::from_env`
 /// would read); `None` searches.
 fn plugin_from_env() -> Option<PathBuf> {
-    std::env::var_os("TORCH_TPU_PJRT_PLUGIN").filter(|p| !p.is_empty()).map(Into::into)
+    std::env::var_os(deferfuse::config::ENV_PJRT_PLUGIN).filter(|p| !p.is_empty()).map(Into::into)
 }
 
 fn context(mode: Mode, backend: BackendKind) -> Context {

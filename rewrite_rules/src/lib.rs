@@ -1,4 +1,5 @@
-//! E-graph rewrites of deferfuse traces.
+//! E-graph rewrites of deferfuse traces, and the planner that cuts the
+//! rewritten trace into kernels.
 //!
 //! [`optimize()`] turns a [`trace_ir::Trace`] into an e-graph, runs the named
 //! rule sets within the limits of a [`RewriteConfig`], extracts the cheapest
@@ -32,7 +33,10 @@
 //! - [`numeric`]: how folded values round, exactly as the kernels do;
 //! - [`cost`]: the bytes-moved model; [`extract`]: DAG-aware extraction;
 //! - [`build`] and [`rebuild`]: trace to e-graph and back;
-//! - [`optimize`](mod@optimize): the driver, its limits and its report.
+//! - [`optimize`](mod@optimize): the driver, its limits and its report;
+//! - [`planner`]: [`plan()`] groups the optimized trace into fused kernels
+//!   (elementwise loops, reductions, matmuls with epilogues), the
+//!   [`program::Program`] the backends compile.
 
 #![warn(missing_docs)]
 

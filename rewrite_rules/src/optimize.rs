@@ -77,8 +77,10 @@ pub struct Optimized {
 const REFINE_WORK: usize = 2_000_000;
 
 /// Why equality saturation stopped: egg's [`StopReason`] without its
-/// payloads (the limits are in the [`RewriteConfig`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// payloads (the limits are in the [`RewriteConfig`]). Serialized as the
+/// words [`Display`](std::fmt::Display) writes, which is what dumps hold.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum Stop {
     /// No rule could change the e-graph any more.
     Saturated,
@@ -107,6 +109,25 @@ impl From<&StopReason> for Stop {
             StopReason::IterationLimit(_) => Stop::IterationLimit,
             StopReason::TimeLimit(_) => Stop::TimeLimit,
             StopReason::Other(why) => Stop::Other(why.clone()),
+        }
+    }
+}
+
+impl From<Stop> for String {
+    fn from(stop: Stop) -> String {
+        stop.to_string()
+    }
+}
+
+impl From<String> for Stop {
+    /// Reads back what `Display` wrote; any other words are [`Stop::Other`].
+    fn from(words: String) -> Stop {
+        match words.as_str() {
+            "saturated" => Stop::Saturated,
+            "node limit" => Stop::NodeLimit,
+            "iteration limit" => Stop::IterationLimit,
+            "time limit" => Stop::TimeLimit,
+            _ => Stop::Other(words),
         }
     }
 }

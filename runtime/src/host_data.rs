@@ -74,6 +74,25 @@ impl HostData {
         Ok(())
     }
 
+    /// Checks that data a backend made, holds or read back fills `meta`
+    /// exactly. Input was checked at upload ([`HostData::check_fits`]), so a
+    /// mismatch here is a bug of `component`: [`Error::Internal`].
+    pub fn check_holds(&self, component: &'static str, what: &str, meta: &Meta) -> Result<()> {
+        if self.dtype() != meta.dtype || self.len() != meta.numel() {
+            return Err(Error::internal(
+                component,
+                format!(
+                    "{what}: {} data of {} elements does not fit {:?} {}",
+                    self.dtype(),
+                    self.len(),
+                    meta.shape.as_slice(),
+                    meta.dtype
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// `len` copies of `value` converted to `dtype` (as a cast would).
     pub fn filled(dtype: DType, value: f64, len: usize) -> HostData {
         match dtype {

@@ -141,7 +141,7 @@ impl ShapeClass {
 /// (whose users also compare the full bytes: it is no integrity check).
 /// XXH3-64 with seed 0, whose output is frozen by its specification. Chosen
 /// by measurement over the hand-rolled hash it replaced and xxh64, SipHash-1-3,
-/// BLAKE3 and rapidhash (docs/architecture.md): Strict hashes one signature
+/// BLAKE3 and rapidhash (docs/results/hashes.md): Strict hashes one signature
 /// per op, so speed on a few hundred bytes matters.
 pub fn stable_hash64(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)

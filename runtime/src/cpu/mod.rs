@@ -207,7 +207,7 @@ impl CpuExecutable {
 
     /// Wraps fresh data as an op's output.
     fn fresh(&self, meta: &Meta, data: HostData) -> Result<Buffer> {
-        check_data(meta, &data)?;
+        data.check_holds("cpu", "output", meta)?;
         Ok(Buffer::host(meta.clone(), data, &self.tracker))
     }
 
@@ -366,7 +366,7 @@ impl CpuExecutable {
                     want.dtype
                 )));
             }
-            check_data(buf.meta(), host(&buf)?).map_err(|e| internal(format!("input {k}: {e}")))?;
+            host(&buf)?.check_holds("cpu", &format!("input {k}"), buf.meta())?;
             if self.uses[id] > 0 {
                 vals[id] = Some(buf);
             }
@@ -503,7 +503,7 @@ fn take(buf: Arc<Buffer>, reusable: bool) -> Result<Arg> {
 
 /// Rebuilds a buffer around reused storage; the lease has its byte size.
 fn reused(meta: &Meta, data: HostData, lease: Lease) -> Result<Buffer> {
-    check_data(meta, &data)?;
+    data.check_holds("cpu", "output", meta)?;
     Ok(Buffer::from_reused(meta.clone(), data, lease))
 }
 
@@ -527,19 +527,6 @@ pub(crate) fn check_alloc(meta: &Meta) -> Result<()> {
 
 pub(crate) fn host(b: &Buffer) -> Result<&HostData> {
     b.host_data().ok_or_else(|| internal("buffer does not live on the host"))
-}
-
-fn check_data(meta: &Meta, data: &HostData) -> Result<()> {
-    if data.dtype() != meta.dtype || data.len() != meta.numel() {
-        return Err(internal(format!(
-            "{} data of {} elements does not fit {:?} {}",
-            data.dtype(),
-            data.len(),
-            meta.shape.as_slice(),
-            meta.dtype
-        )));
-    }
-    Ok(())
 }
 
 /// Exactly `N` operands.

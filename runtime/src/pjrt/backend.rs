@@ -158,19 +158,6 @@ impl PjrtBackend {
     }
 }
 
-pub(super) fn check_data(what: &str, meta: &Meta, data: &HostData) -> Result<()> {
-    if data.dtype() != meta.dtype || data.len() != meta.numel() {
-        return Err(err(format!(
-            "{what}: {} data of {} elements does not fit {:?} {}",
-            data.dtype(),
-            data.len(),
-            meta.shape.as_slice(),
-            meta.dtype
-        )));
-    }
-    Ok(())
-}
-
 impl Backend for PjrtBackend {
     fn name(&self) -> &'static str {
         "pjrt"
@@ -200,7 +187,7 @@ impl Backend for PjrtBackend {
                     .ok_or_else(|| err("the buffer lives on another device backend"))?;
                 let data = device.to_host()?;
                 bump(&self.compiler.counters.device_to_host);
-                check_data("download", buffer.meta(), &data)?;
+                data.check_holds("pjrt", "download", buffer.meta())?;
                 Ok(data)
             }
         }

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use trace_ir::{Meta, Result};
 
 use super::api::{err, DeviceBuffer, LoadedExecutable};
-use super::backend::check_data;
 use super::compiler::{bump, Compiler};
 use super::lower::Lowered;
 use super::scalars::device_buffer;
@@ -150,7 +149,7 @@ impl Executable for PjrtExecutable {
                     Input::Resident(b)
                 }
                 Storage::Host(data) => {
-                    check_data(&format!("input {k}"), want, data)?;
+                    data.check_holds("pjrt", &format!("input {k}"), want)?;
                     bump(&c.counters.host_to_device);
                     Input::Uploaded(c.client.upload(data, &want.shape)?)
                 }

@@ -164,7 +164,7 @@ fn rules(dump: &FlushDump) -> String {
     let _ = writeln!(
         s,
         "<p>Stopped: <b>{}</b> after {} iterations ({} e-nodes, {} e-classes; limits {} nodes, {} iterations, {} ms).</p>",
-        esc(&r.stop_reason),
+        esc(&r.stop_reason.to_string()),
         r.iterations,
         r.egraph_nodes,
         r.egraph_classes,
