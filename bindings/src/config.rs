@@ -19,6 +19,7 @@ pub fn env_config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("mode", c.mode.name())?;
     d.set_item("max_pending_ops", c.max_pending_ops)?;
+    d.set_item("cut_repeats", c.cut_repeats)?;
     let mut checks = Vec::new();
     if c.debug_checks.nan {
         checks.push("nan");

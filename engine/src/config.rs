@@ -6,6 +6,9 @@ use trace_ir::{Error, Result};
 pub const ENV_EAGER_MODE: &str = "TORCH_TPU_EAGER_MODE";
 /// How many ops DeferAndFuse buffers before it flushes on its own.
 pub const ENV_MAX_PENDING_OPS: &str = "TORCH_TPU_MAX_PENDING_OPS";
+/// Whether DeferAndFuse cuts its op stream where it starts to repeat
+/// (`on` by default; see `repeats.rs`).
+pub const ENV_CUT_REPEATS: &str = "TORCH_TPU_CUT_REPEATS";
 /// Which checks Debug mode runs after every op.
 pub const ENV_DEBUG_CHECKS: &str = "TORCH_TPU_DEBUG_CHECKS";
 
@@ -208,6 +211,9 @@ pub const DEFAULT_CACHE_MEMORY_BYTES: u64 = 64 << 20;
 pub struct Config {
     pub mode: Mode,
     pub max_pending_ops: usize,
+    /// DeferAndFuse flushes where the op stream starts to repeat itself, so
+    /// loop iterations become identical traces (on by default).
+    pub cut_repeats: bool,
     pub debug_checks: DebugChecks,
     /// `per_op` also turns the `patterns` rule set off ([`Config::effective_rewrite`]).
     pub fused_rounding: FusedRounding,
@@ -247,6 +253,7 @@ impl Default for Config {
         Config {
             mode: Mode::Strict,
             max_pending_ops: DEFAULT_MAX_PENDING_OPS,
+            cut_repeats: true,
             debug_checks: DebugChecks::default(),
             fused_rounding: FusedRounding::Once,
             fusion: true,
@@ -315,6 +322,9 @@ impl Config {
                     value: v.clone(),
                     valid: "a positive integer".into(),
                 })?;
+        }
+        if let Some(v) = get(ENV_CUT_REPEATS) {
+            config.cut_repeats = parse_switch(ENV_CUT_REPEATS, &v)?;
         }
         if let Some(v) = get(ENV_DEBUG_CHECKS) {
             config.debug_checks = v.parse()?;

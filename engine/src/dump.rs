@@ -114,6 +114,35 @@ pub struct FlushDump {
     /// Nanoseconds spent by this flush in each phase (0 when skipped).
     pub timings_ns: PhaseTimes,
     pub memory: FlushMemory,
+    /// What made this flush happen. Dumps written before deferfuse recorded
+    /// it lack it.
+    #[serde(default)]
+    pub reason: Option<FlushReason>,
+}
+
+/// Why a DeferAndFuse flush ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlushReason {
+    /// A value was read: copied to the host, or needed by another mode.
+    Read,
+    /// `Context::sync`.
+    Sync,
+    /// The op stream started to repeat itself (`TORCH_TPU_CUT_REPEATS`).
+    Repeat,
+    /// The pending trace reached `TORCH_TPU_MAX_PENDING_OPS` ops.
+    Cap,
+}
+
+impl std::fmt::Display for FlushReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FlushReason::Read => "read",
+            FlushReason::Sync => "sync",
+            FlushReason::Repeat => "repeat",
+            FlushReason::Cap => "cap",
+        })
+    }
 }
 
 /// A source location, from `#[track_caller]` on the public ops.
@@ -900,6 +929,7 @@ pub(crate) struct Dumps {
 /// What a flush measured before it asked the pipeline for its program.
 pub(crate) struct Probe {
     cache_before: CacheStats,
+    reason: FlushReason,
 }
 
 /// What a flush hands to [`Dumps::write`].
@@ -936,8 +966,8 @@ impl Dumps {
         }
     }
 
-    pub fn start(&self, cache_before: CacheStats) -> Probe {
-        Probe { cache_before }
+    pub fn start(&self, cache_before: CacheStats, reason: FlushReason) -> Probe {
+        Probe { cache_before, reason }
     }
 
     /// Writes the dump; a failure is logged, never returned: dumps must not
@@ -1033,6 +1063,7 @@ impl Dumps {
                 run: facts.run_ns,
             },
             memory: FlushMemory { live_before: facts.live_before, peak: facts.peak, written },
+            reason: Some(probe.reason),
         };
         // Write only what the loader accepts: a graph that does not match
         // the program (a program the cache adapted) is left out, not trusted.

@@ -9,6 +9,7 @@ use ahash::AHashMap;
 use runtime::Buffer;
 use trace_ir::{Error, NodeId, Op, Result, Trace};
 
+use crate::repeats::RepeatDetector;
 use crate::value::{Cell, Value};
 
 pub(crate) struct PendingTrace {
@@ -23,6 +24,9 @@ pub(crate) struct PendingTrace {
     pub owners: Vec<Weak<Value>>,
     /// Where each op was recorded, kept only while fusion dumps are on.
     call_sites: Vec<(NodeId, &'static Location<'static>)>,
+    /// Watches the ops recorded since the last flush for a repetition; a new
+    /// pending trace starts with a fresh one, so every flush resets it.
+    pub repeats: RepeatDetector,
 }
 
 /// What a flush has to run: the pruned trace, its inputs, and the tensors its
@@ -44,6 +48,7 @@ impl PendingTrace {
             param_nodes: AHashMap::new(),
             owners: Vec::new(),
             call_sites: Vec::new(),
+            repeats: RepeatDetector::default(),
         }
     }
 

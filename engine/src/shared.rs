@@ -12,9 +12,10 @@ use trace_ir::{Error, Meta, Op, Result, Trace};
 
 use crate::config::{Config, Mode};
 use crate::disk_cache::{DiskCache, DiskCacheLimits};
-use crate::dump::{Dumps, FlushFacts, Probe};
+use crate::dump::{Dumps, FlushFacts, FlushReason, Probe};
 use crate::pending::PendingTrace;
 use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared, TierLimits};
+use crate::repeats::op_hash;
 use crate::stream::{Job, Stream};
 use crate::value::{Cell, Value};
 
@@ -57,6 +58,8 @@ pub struct EngineStats {
 pub struct FlushReport {
     /// Nodes of the pending trace after pruning.
     pub trace_nodes: usize,
+    /// What made this flush happen.
+    pub reason: FlushReason,
     /// Kernels of the program that ran.
     pub kernels: usize,
     /// Rules that fired, when this flush rewrote (a cache hit did not).
@@ -66,9 +69,10 @@ pub struct FlushReport {
 }
 
 impl FlushReport {
-    fn new(trace_nodes: usize, prepared: &Prepared) -> Self {
+    fn new(trace_nodes: usize, reason: FlushReason, prepared: &Prepared) -> Self {
         FlushReport {
             trace_nodes,
+            reason,
             kernels: prepared.program.kernels.len(),
             rules_fired: prepared.rewrite.as_ref().map(|r| r.rules_fired.clone()),
             program: prepared.program.clone(),
@@ -135,7 +139,9 @@ impl Shared {
     /// Runs everything issued so far, then raises a failed bounds check.
     pub fn sync(&self) -> Result<()> {
         match self.config.mode {
-            Mode::DeferAndFuse => self.flush(&mut self.pending.lock().unwrap())?,
+            Mode::DeferAndFuse => {
+                self.flush(&mut self.pending.lock().unwrap(), FlushReason::Sync)?
+            }
             Mode::Strict => self.stream.as_ref().map_or(Ok(()), |s| s.synchronize())?,
             Mode::Debug => {}
         }
@@ -174,6 +180,7 @@ impl Shared {
                 let mut pending = self.pending.lock().unwrap();
                 let nodes =
                     inputs.iter().map(|v| pending.node_of(v)).collect::<Result<Vec<_>>>()?;
+                let repeated = self.config.cut_repeats && pending.repeats.push(op_hash(&op, &meta));
                 let node = pending.push(op, &nodes)?;
                 let epoch = pending.epoch;
                 let value = Value::new(meta, Cell::Deferred { node, epoch });
@@ -181,9 +188,12 @@ impl Shared {
                 if self.dumps.is_some() {
                     pending.set_call_site(node, std::panic::Location::caller());
                 }
-                if pending.len() >= self.config.max_pending_ops {
+                if repeated {
+                    tracing::debug!(ops = pending.len(), "the op stream repeats itself");
+                    self.flush(&mut pending, FlushReason::Repeat)?;
+                } else if pending.len() >= self.config.max_pending_ops {
                     tracing::debug!(limit = self.config.max_pending_ops, "pending trace is full");
-                    self.flush(&mut pending)?;
+                    self.flush(&mut pending, FlushReason::Cap)?;
                 }
                 Ok(value)
             }
@@ -198,22 +208,22 @@ impl Shared {
             // Another thread may have flushed while we waited for the lock.
             let still = matches!(*value.cell.lock().unwrap(), Cell::Deferred { epoch, .. } if epoch == pending.epoch);
             if still {
-                self.flush(&mut pending)?;
+                self.flush(&mut pending, FlushReason::Read)?;
             }
         }
         value.wait_buffer()
     }
 
     /// Runs the pending trace and binds its outputs to the tensors still held.
-    pub fn flush(&self, pending: &mut PendingTrace) -> Result<()> {
+    pub fn flush(&self, pending: &mut PendingTrace, reason: FlushReason) -> Result<()> {
         let Some(plan) = pending.take() else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), "flush");
+        tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), ?reason, "flush");
         let how = if self.config.fusion { Preparation::Fused } else { Preparation::Unfused };
         let nodes = plan.trace.len();
-        let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats()));
+        let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats(), reason));
         let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
-            *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, &prepared));
+            *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, reason, &prepared));
             match probe {
                 None => exe.run(plan.inputs),
                 Some(probe) => self.run_dumped(

@@ -9,8 +9,9 @@ use trace_ir::Op;
 
 use crate::{human_bytes, human_ns};
 
-const HEADER: [&str; 13] = [
+const HEADER: [&str; 14] = [
     "flush",
+    "why",
     "ops",
     "kernels",
     "ops/kernel",
@@ -26,7 +27,7 @@ const HEADER: [&str; 13] = [
 ];
 
 pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
-    let mut rows: Vec<[String; 13]> = Vec::new();
+    let mut rows: Vec<[String; HEADER.len()]> = Vec::new();
     let mut sinks: Vec<(u64, String)> = Vec::new();
     for (path, d) in dumps {
         let name = path
@@ -39,6 +40,7 @@ pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
         let t = &d.timings_ns;
         rows.push([
             name.clone(),
+            d.reason.map_or_else(|| "-".into(), |r| r.to_string()),
             ops.to_string(),
             kernels.to_string(),
             per_kernel,
@@ -84,7 +86,7 @@ pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
 }
 
 /// Left-aligned first column, right-aligned numbers.
-fn table(rows: &[[String; 13]]) -> String {
+fn table(rows: &[[String; HEADER.len()]]) -> String {
     let mut widths: Vec<usize> = HEADER.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
