@@ -33,6 +33,16 @@ impl PyEngine {
         self.ctx.mode().name()
     }
 
+    /// Opens an op group on the calling thread ([`Context::op_group`]).
+    fn begin_group(&self, name: &str) {
+        self.ctx.begin_group(name)
+    }
+
+    /// Closes the calling thread's innermost op group.
+    fn end_group(&self) -> PyResult<()> {
+        self.ctx.end_group().map_err(to_py)
+    }
+
     /// Runs everything issued so far (flushes DeferAndFuse, drains Strict).
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         py.allow_threads(|| self.ctx.sync()).map_err(to_py)

@@ -84,6 +84,30 @@ impl Context {
         self.shared.sync()
     }
 
+    /// Opens an op group for the primitives of one user-level op named
+    /// `name`: in Strict they are recorded together and run on the stream as
+    /// one program (one fused kernel where the planner fuses them), as
+    /// PyTorch runs one kernel per op; the other modes run them as usual.
+    /// [`OpGroup::end`] closes it; so does dropping it (an early return).
+    /// Groups nest: an inner one joins the outer. Reading a value inside a
+    /// group runs what it recorded so far.
+    pub fn op_group(&self, name: &str) -> OpGroup {
+        self.begin_group(name);
+        OpGroup { shared: self.shared.clone(), open: true }
+    }
+
+    /// Opens an op group on this thread, for bindings that cannot hold an
+    /// [`OpGroup`]; every `begin_group` needs its [`Context::end_group`].
+    pub fn begin_group(&self, name: &str) {
+        self.shared.begin_group(name)
+    }
+
+    /// Closes the innermost op group of this thread; the outermost submits
+    /// what the group recorded.
+    pub fn end_group(&self) -> Result<()> {
+        self.shared.end_group()
+    }
+
     /// A tensor holding `data` (row-major) with the given shape.
     pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
         let meta = Meta::new(shape.into(), T::DTYPE);
@@ -128,5 +152,33 @@ impl Tensor {
     /// The context this tensor belongs to.
     pub fn context(&self) -> Context {
         Context { shared: self.ctx.clone() }
+    }
+}
+
+/// An open op group of one thread ([`Context::op_group`]).
+#[must_use = "an op group closes when it is dropped"]
+pub struct OpGroup {
+    shared: Arc<Shared>,
+    open: bool,
+}
+
+impl OpGroup {
+    /// Closes the group, then gives `result` back, or the error of
+    /// submitting the group's program.
+    pub fn end<R>(mut self, result: Result<R>) -> Result<R> {
+        self.open = false;
+        let ended = self.shared.end_group();
+        let out = result?;
+        ended.map(|()| out)
+    }
+}
+
+impl Drop for OpGroup {
+    /// Closes a group left by an early return or a panic; the op failed, and
+    /// its own error is the one that reaches the caller.
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.shared.end_group();
+        }
     }
 }

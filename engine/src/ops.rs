@@ -517,16 +517,18 @@ impl Tensor {
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
     #[track_caller]
     pub fn softmax(&self, axis: i64) -> Result<Tensor> {
+        let group = self.ctx().op_group("softmax");
         let shifted = self.float()?.shifted_by_max("softmax", axis)?;
         let e = shifted.exp()?;
-        e.div(&e.sum(&[axis], true)?)
+        group.end(e.div(&e.sum(&[axis], true)?))
     }
 
     /// `x - max - log(sum(exp(x - max)))` along `axis`.
     #[track_caller]
     pub fn log_softmax(&self, axis: i64) -> Result<Tensor> {
+        let group = self.ctx().op_group("log_softmax");
         let shifted = self.float()?.shifted_by_max("log_softmax", axis)?;
-        shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?)
+        group.end(shifted.sub(&shifted.exp()?.sum(&[axis], true)?.log()?))
     }
 
     /// `x - max(x)` along `axis`, the shift that keeps softmax's exp finite;
@@ -565,6 +567,7 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         let axes = self.trailing_axes("layer_norm", normalized_shape)?;
+        let group = self.ctx().op_group("layer_norm");
         let x = self.float()?;
         let centered = x.sub(&x.mean(&axes, true)?)?;
         let var = centered.mul(&centered)?.mean(&axes, true)?;
@@ -575,7 +578,7 @@ impl Tensor {
         if let Some(b) = bias {
             y = y.add(b)?;
         }
-        Ok(y)
+        group.end(Ok(y))
     }
 
     /// RMSNorm over the trailing `normalized_shape` dimensions.
@@ -587,22 +590,24 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         let axes = self.trailing_axes("rms_norm", normalized_shape)?;
+        let group = self.ctx().op_group("rms_norm");
         let x = self.float()?;
         let y = x.mul(&x.mul(&x)?.mean(&axes, true)?.add(eps)?.rsqrt()?)?;
-        match weight {
+        group.end(match weight {
             Some(w) => y.mul(w),
             None => Ok(y),
-        }
+        })
     }
 
     /// `x @ weight.T + bias`, with `weight` of shape `[out, in]` as in `torch.nn.Linear`.
     #[track_caller]
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let group = self.ctx().op_group("linear");
         let y = self.matmul(&weight.t()?)?;
-        match bias {
+        group.end(match bias {
             Some(b) => y.add(b),
             None => Ok(y),
-        }
+        })
     }
 }
 

@@ -1,46 +1,90 @@
-//! The pending trace of DeferAndFuse: ops recorded since the last flush, the
-//! buffers they read, and a weak handle to the tensor of each node, so a flush
-//! knows which values someone still holds.
+//! A pending trace: ops recorded but not run yet, the inputs they read, and
+//! a weak handle to the value of each node, so a flush knows which values
+//! someone still holds. DeferAndFuse records everything since its last
+//! flush into one, reading buffers; Strict records the primitives of one
+//! user-level op into one (an op group), reading values that may still be
+//! queued on its stream.
 
 use std::panic::Location;
 use std::sync::{Arc, Weak};
 
 use ahash::AHashMap;
 use runtime::Buffer;
-use trace_ir::{Error, NodeId, Op, Result, Trace};
+use trace_ir::{Error, Meta, NodeId, Op, Result, Trace};
 
 use crate::repeats::RepeatDetector;
 use crate::value::{Cell, Value};
 
-pub(crate) struct PendingTrace {
+/// What a pending trace's parameters hold.
+pub(crate) trait Input: Clone {
+    /// The parameter an operand in `cell` becomes, if it can be one.
+    fn from_cell(value: &Arc<Value>, cell: &Cell) -> Option<Self>;
+    /// The same input read twice is one parameter.
+    fn key(&self) -> usize;
+    fn meta(&self) -> &Meta;
+}
+
+/// DeferAndFuse reads computed buffers.
+impl Input for Arc<Buffer> {
+    fn from_cell(_: &Arc<Value>, cell: &Cell) -> Option<Self> {
+        match cell {
+            Cell::Ready(buffer) => Some(buffer.clone()),
+            _ => None,
+        }
+    }
+    fn key(&self) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+    fn meta(&self) -> &Meta {
+        Buffer::meta(self)
+    }
+}
+
+/// A Strict op group reads values, computed or still queued on the stream,
+/// which waits for them.
+impl Input for Arc<Value> {
+    fn from_cell(value: &Arc<Value>, cell: &Cell) -> Option<Self> {
+        matches!(cell, Cell::Ready(_) | Cell::Queued).then(|| value.clone())
+    }
+    fn key(&self) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+    fn meta(&self) -> &Meta {
+        &self.meta
+    }
+}
+
+pub(crate) struct PendingTrace<I> {
     pub epoch: u64,
     pub trace: Trace,
-    /// The buffer of each parameter, by parameter index.
-    pub params: Vec<Arc<Buffer>>,
-    /// Parameter node of each buffer already read, keyed by address, so a
-    /// tensor read twice is one parameter.
+    /// The input of each parameter, by parameter index.
+    pub params: Vec<I>,
+    /// Parameter node of each input already read, so a value read twice is
+    /// one parameter.
     param_nodes: AHashMap<usize, NodeId>,
     /// The tensor of each node (none for parameters).
     pub owners: Vec<Weak<Value>>,
     /// Where each op was recorded, kept only while fusion dumps are on.
     call_sites: Vec<(NodeId, &'static Location<'static>)>,
-    /// Watches the ops recorded since the last flush for a repetition; a new
-    /// pending trace starts with a fresh one, so every flush resets it.
-    pub repeats: RepeatDetector,
+    /// DeferAndFuse watches the ops recorded since the last flush for a
+    /// repetition; a new pending trace starts with a fresh detector, so
+    /// every flush resets it.
+    pub repeats: Option<RepeatDetector>,
 }
 
 /// What a flush has to run: the pruned trace, its inputs, and the tensors its
 /// outputs belong to.
-pub(crate) struct FlushPlan {
+pub(crate) struct FlushPlan<I> {
     pub trace: Trace,
-    pub inputs: Vec<Arc<Buffer>>,
+    pub inputs: Vec<I>,
     pub holders: Vec<Arc<Value>>,
     /// The call site of each node of `trace`, when fusion dumps recorded them.
     pub call_sites: Vec<Option<&'static Location<'static>>>,
 }
 
-impl PendingTrace {
-    pub fn new(epoch: u64) -> Self {
+impl<I: Input> PendingTrace<I> {
+    /// An empty trace of `epoch`, with a repeat detector if `watch_repeats`.
+    pub fn new(epoch: u64, watch_repeats: bool) -> Self {
         PendingTrace {
             epoch,
             trace: Trace::new(),
@@ -48,7 +92,7 @@ impl PendingTrace {
             param_nodes: AHashMap::new(),
             owners: Vec::new(),
             call_sites: Vec::new(),
-            repeats: RepeatDetector::default(),
+            repeats: watch_repeats.then(RepeatDetector::default),
         }
     }
 
@@ -56,28 +100,28 @@ impl PendingTrace {
         self.trace.len()
     }
 
-    /// The node that stands for `tensor` in this trace, adding a parameter
-    /// when the tensor is already materialized.
-    pub fn node_of(&mut self, tensor: &Value) -> Result<NodeId> {
-        match &*tensor.cell.lock().unwrap() {
-            Cell::Deferred { node, epoch } if *epoch == self.epoch => Ok(*node),
-            Cell::Ready(buffer) => {
-                let key = Arc::as_ptr(buffer) as usize;
-                if let Some(&node) = self.param_nodes.get(&key) {
-                    return Ok(node);
-                }
-                let node = self.trace.push_parameter(buffer.meta().clone());
-                self.params.push(buffer.clone());
-                self.owners.push(Weak::new());
-                self.param_nodes.insert(key, node);
-                Ok(node)
+    /// The node that stands for `value` in this trace: its own node, or a
+    /// parameter reading it.
+    pub fn node_of(&mut self, value: &Arc<Value>) -> Result<NodeId> {
+        let cell = value.cell.lock().unwrap();
+        let input = match &*cell {
+            Cell::Deferred { node, epoch } if *epoch == self.epoch => return Ok(*node),
+            Cell::Failed { error, op } => {
+                return Err(Error::poisoned_by(op.as_str(), error.clone()))
             }
-            Cell::Failed { error, op } => Err(Error::poisoned_by(op.as_str(), error.clone())),
-            Cell::Deferred { .. } | Cell::Queued => Err(Error::internal(
-                "engine",
-                "tensor from another flush or mode used in DeferAndFuse",
-            )),
+            cell => I::from_cell(value, cell).ok_or_else(|| {
+                Error::internal("engine", "a value of another pending trace used as an input")
+            })?,
+        };
+        drop(cell);
+        if let Some(&node) = self.param_nodes.get(&input.key()) {
+            return Ok(node);
         }
+        let node = self.trace.push_parameter(input.meta().clone());
+        self.param_nodes.insert(input.key(), node);
+        self.params.push(input);
+        self.owners.push(Weak::new());
+        Ok(node)
     }
 
     /// Appends an op whose inputs are nodes of this trace.
@@ -98,8 +142,9 @@ impl PendingTrace {
     /// Takes everything recorded so far, leaving an empty trace of the next
     /// epoch. Only nodes whose tensor is still held become outputs; the rest
     /// are pruned or stay internal to the program.
-    pub fn take(&mut self) -> Option<FlushPlan> {
-        let taken = std::mem::replace(self, PendingTrace::new(self.epoch + 1));
+    pub fn take(&mut self) -> Option<FlushPlan<I>> {
+        let next = PendingTrace::new(self.epoch + 1, self.repeats.is_some());
+        let taken = std::mem::replace(self, next);
         let mut trace = taken.trace;
         let mut holders = Vec::new();
         for (node, owner) in taken.owners.iter().enumerate() {

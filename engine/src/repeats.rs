@@ -33,30 +33,27 @@ pub const MIN_PERIOD: usize = 11;
 /// The longest period the history can show twice.
 pub const MAX_PERIOD: usize = HISTORY / 2;
 
+/// Allocates nothing until its first op: a Strict op group of one op, or a
+/// flush of a few, pays nothing for it.
+#[derive(Default)]
 pub(crate) struct RepeatDetector {
     /// Ring buffer of the last hashes; `seen % HISTORY` is the next slot.
-    history: Box<[u64; HISTORY]>,
+    history: Vec<u64>,
     /// Ops seen since the last reset.
     seen: usize,
     /// `runs[p]`: how many of the latest ops, in a row, equal the op `p`
     /// before them.
-    runs: Box<[u32; MAX_PERIOD + 1]>,
-}
-
-impl Default for RepeatDetector {
-    fn default() -> Self {
-        RepeatDetector {
-            history: Box::new([0; HISTORY]),
-            seen: 0,
-            runs: Box::new([0; MAX_PERIOD + 1]),
-        }
-    }
+    runs: Vec<u32>,
 }
 
 impl RepeatDetector {
     /// Takes the next op's hash; true when the stream has just repeated a
     /// period, and so should be cut after this op.
     pub fn push(&mut self, hash: u64) -> bool {
+        if self.history.is_empty() {
+            self.history = vec![0; HISTORY];
+            self.runs = vec![0; MAX_PERIOD + 1];
+        }
         let now = self.seen;
         let mut repeated = false;
         for p in MIN_PERIOD..=MAX_PERIOD.min(now) {

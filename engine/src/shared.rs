@@ -13,6 +13,7 @@ use trace_ir::{Error, Meta, Op, Result, Trace};
 use crate::config::{Config, Mode};
 use crate::disk_cache::{DiskCache, DiskCacheLimits};
 use crate::dump::{Dumps, FlushFacts, FlushReason, Probe};
+use crate::op_group;
 use crate::pending::PendingTrace;
 use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared, TierLimits};
 use crate::repeats::op_hash;
@@ -28,7 +29,7 @@ pub(crate) struct Shared {
     /// The Strict stream; absent in the other modes.
     pub(crate) stream: Option<Stream>,
     /// The DeferAndFuse pending trace. Its lock also serializes flushes.
-    pending: Mutex<PendingTrace>,
+    pending: Mutex<PendingTrace<Arc<Buffer>>>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
     /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
@@ -95,7 +96,7 @@ impl Shared {
         let pipeline =
             Arc::new(Pipeline::new(backend.clone(), rewrite.clone(), plan, disk, limits));
         let stream = match config.mode {
-            Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone())?),
+            Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone(), how(&config))?),
             _ => None,
         };
         let dumps = config.fusion_dump.as_ref().map(|dir| Dumps::new(dir, &rewrite));
@@ -103,13 +104,14 @@ impl Shared {
             pipeline.keep_extracted();
         }
         tracing::debug!(mode = %config.mode, backend = backend.name(), "new context");
+        let watch_repeats = config.mode == Mode::DeferAndFuse && config.cut_repeats;
         Ok(Shared {
             config,
             backend,
             pipeline,
             last_flush: Mutex::new(None),
             stream,
-            pending: Mutex::new(PendingTrace::new(0)),
+            pending: Mutex::new(PendingTrace::new(0, watch_repeats)),
             ops_recorded: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             dumps,
@@ -157,6 +159,16 @@ impl Shared {
         tracing::trace!(op = op.name(), shape = ?meta.shape.as_slice(), "record");
         match self.config.mode {
             Mode::Strict => {
+                if op_group::is_open(self.id()) {
+                    let limit = self.config.max_pending_ops;
+                    let (value, cut) = op_group::record(self.id(), op, inputs, meta, limit)?;
+                    if cut {
+                        if let Some(ready) = op_group::cut(self.id()) {
+                            self.submit_group(ready)?;
+                        }
+                    }
+                    return Ok(value);
+                }
                 let output = Value::new(meta, Cell::Queued);
                 let inputs = inputs.iter().map(|v| Arc::clone(v)).collect();
                 let stream = self.stream.as_ref().expect("Strict contexts have a stream");
@@ -168,7 +180,7 @@ impl Shared {
                     inputs.iter().map(|v| self.materialize(v)).collect::<Result<Vec<_>>>()?;
                 let input_metas: Vec<Meta> = metas.into_iter().cloned().collect();
                 let trace = Trace::single_op(&op, &input_metas)?;
-                let (exe, _) = self.pipeline.executable(&trace, Preparation::Unfused)?;
+                let (exe, _) = self.pipeline.executable(&trace, how(&self.config))?;
                 let out = exe
                     .run(buffers)?
                     .pop()
@@ -180,7 +192,8 @@ impl Shared {
                 let mut pending = self.pending.lock().unwrap();
                 let nodes =
                     inputs.iter().map(|v| pending.node_of(v)).collect::<Result<Vec<_>>>()?;
-                let repeated = self.config.cut_repeats && pending.repeats.push(op_hash(&op, &meta));
+                let repeated =
+                    pending.repeats.as_mut().is_some_and(|r| r.push(op_hash(&op, &meta)));
                 let node = pending.push(op, &nodes)?;
                 let epoch = pending.epoch;
                 let value = Value::new(meta, Cell::Deferred { node, epoch });
@@ -200,10 +213,51 @@ impl Shared {
         }
     }
 
+    /// This state's identity, for the op groups of this thread.
+    fn id(&self) -> usize {
+        self as *const Shared as usize
+    }
+
+    /// Opens an op group (Strict only; see `op_group.rs`) named `name`.
+    pub fn begin_group(&self, name: &str) {
+        if self.config.mode == Mode::Strict {
+            op_group::begin(self.id(), name);
+        }
+    }
+
+    /// Closes one level of this thread's op group, submitting its program at
+    /// the outermost.
+    pub fn end_group(&self) -> Result<()> {
+        match op_group::end(self.id()) {
+            Some(ready) => self.submit_group(ready),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues a group's program on the stream; its held values wait there.
+    fn submit_group(&self, ready: op_group::Ready) -> Result<()> {
+        let op_group::Ready { name, plan } = ready;
+        for value in &plan.holders {
+            *value.cell.lock().unwrap() = Cell::Queued;
+        }
+        let stream = self.stream.as_ref().expect("Strict contexts have a stream");
+        stream.submit(Job::Program {
+            name,
+            trace: plan.trace,
+            inputs: plan.inputs,
+            outputs: plan.holders,
+        })
+    }
+
     /// The buffer of `value`, running whatever it still waits on.
     pub fn materialize(&self, value: &Value) -> Result<Arc<Buffer>> {
         let deferred = matches!(*value.cell.lock().unwrap(), Cell::Deferred { .. });
-        if deferred {
+        if deferred && self.config.mode == Mode::Strict {
+            // A value of this thread's open op group, read inside it.
+            if let Some(ready) = op_group::cut(self.id()) {
+                self.submit_group(ready)?;
+            }
+        } else if deferred {
             let mut pending = self.pending.lock().unwrap();
             // Another thread may have flushed while we waited for the lock.
             let still = matches!(*value.cell.lock().unwrap(), Cell::Deferred { epoch, .. } if epoch == pending.epoch);
@@ -215,11 +269,15 @@ impl Shared {
     }
 
     /// Runs the pending trace and binds its outputs to the tensors still held.
-    pub fn flush(&self, pending: &mut PendingTrace, reason: FlushReason) -> Result<()> {
+    pub fn flush(
+        &self,
+        pending: &mut PendingTrace<Arc<Buffer>>,
+        reason: FlushReason,
+    ) -> Result<()> {
         let Some(plan) = pending.take() else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), ?reason, "flush");
-        let how = if self.config.fusion { Preparation::Fused } else { Preparation::Unfused };
+        let how = how(&self.config);
         let nodes = plan.trace.len();
         let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats(), reason));
         let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
@@ -318,5 +376,15 @@ impl Shared {
                 out_shape: out.meta().shape.to_vec(),
             }))),
         }
+    }
+}
+
+/// How every mode prepares its programs: with the rewrites and the fused
+/// compiler, or, with `TORCH_TPU_FUSION=off`, as the reference kernels.
+fn how(config: &Config) -> Preparation {
+    if config.fusion {
+        Preparation::Fused
+    } else {
+        Preparation::Unfused
     }
 }

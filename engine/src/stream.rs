@@ -9,10 +9,23 @@ use trace_ir::{Error, Result};
 
 use crate::pipeline::{Pipeline, Preparation};
 use crate::value::{forked_error, Value};
-use trace_ir::Op;
+use trace_ir::{Op, Trace};
 
 pub(crate) enum Job {
-    Run { op: Op, inputs: Vec<Arc<Value>>, output: Arc<Value> },
+    /// One primitive op.
+    Run {
+        op: Op,
+        inputs: Vec<Arc<Value>>,
+        output: Arc<Value>,
+    },
+    /// The primitives of one user-level op (an op group), as one program:
+    /// `trace`'s parameters read `inputs`, its outputs fill `outputs`.
+    Program {
+        name: String,
+        trace: Trace,
+        inputs: Vec<Arc<Value>>,
+        outputs: Vec<Arc<Value>>,
+    },
     Barrier(SyncSender<()>),
 }
 
@@ -25,7 +38,12 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
-    pub fn start(backend: Arc<dyn Backend>, pipeline: Arc<Pipeline>) -> Result<Stream> {
+    /// Starts the worker; each op runs as a one-op program prepared `how`.
+    pub fn start(
+        backend: Arc<dyn Backend>,
+        pipeline: Arc<Pipeline>,
+        how: Preparation,
+    ) -> Result<Stream> {
         let generation = runtime::fork::generation();
         let (sender, receiver) = channel::<Job>();
         std::thread::Builder::new()
@@ -35,9 +53,24 @@ impl Stream {
                 for job in receiver {
                     match job {
                         Job::Run { op, inputs, output } => {
-                            let result = run_job(&*backend, &pipeline, &op, &inputs);
+                            let result = run_job(&*backend, &pipeline, how, &op, &inputs);
                             drop(inputs);
                             output.resolve(result, &format!("the {} op", op.name()));
+                        }
+                        Job::Program { name, trace, inputs, outputs } => {
+                            let result = run_program(&pipeline, how, &trace, &inputs);
+                            drop(inputs);
+                            let what = format!("the {name} op");
+                            match result {
+                                Ok(buffers) => {
+                                    for (value, buffer) in outputs.iter().zip(buffers) {
+                                        value.resolve(Ok(buffer), &what);
+                                    }
+                                }
+                                Err(e) => {
+                                    outputs.iter().for_each(|v| v.resolve(Err(e.clone()), &what))
+                                }
+                            }
                         }
                         Job::Barrier(done) => {
                             let _ = done.send(());
@@ -75,13 +108,25 @@ impl Stream {
 fn run_job(
     backend: &dyn Backend,
     pipeline: &Pipeline,
+    how: Preparation,
     op: &Op,
     inputs: &[Arc<Value>],
 ) -> Result<Arc<runtime::Buffer>> {
     let buffers = inputs.iter().map(|t| t.wait_input()).collect::<Result<Vec<_>>>()?;
     let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();
     let trace = trace_ir::Trace::single_op(op, &metas)?;
-    let (exe, _) = pipeline.executable(&trace, Preparation::Unfused)?;
+    let (exe, _) = pipeline.executable(&trace, how)?;
     let mut out = exe.run(buffers)?;
     out.pop().ok_or_else(|| Error::backend(backend.name(), "program returned no output"))
+}
+
+fn run_program(
+    pipeline: &Pipeline,
+    how: Preparation,
+    trace: &Trace,
+    inputs: &[Arc<Value>],
+) -> Result<Vec<Arc<runtime::Buffer>>> {
+    let buffers = inputs.iter().map(|t| t.wait_input()).collect::<Result<Vec<_>>>()?;
+    let (exe, _) = pipeline.executable(trace, how)?;
+    exe.run(buffers)
 }

@@ -205,11 +205,27 @@ def _resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
 # ---- kernels -----------------------------------------------------------------
 
 
+def _lower(name: str, lowering: Callable[..., Any], a: tuple, k: dict) -> Any:
+    """Runs an aten op's lowering. In Strict its primitives are one op
+    group: recorded together and run as one program, as PyTorch runs one
+    kernel per aten op."""
+    if _state.local.mode != "strict":
+        return lowering(*a, **k)
+    eng = _state.engine()
+    eng.begin_group(name)
+    try:
+        return lowering(*a, **k)
+    finally:
+        eng.end_group()
+
+
 def functional_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> Callable[..., Any]:
+    name = op.name()
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         try:
             a, k = _map_args(args, kwargs)
-            return _wrap(lowering(*a, **k))
+            return _wrap(_lower(name, lowering, a, k))
         except Unsupported as e:
             return cpu_fallback(op, *args, why=f"not lowered for these arguments: {e}", **kwargs)
 
@@ -229,7 +245,7 @@ def inplace_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> C
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
             a, k = _map_args((self,) + args, kwargs)
-            value = lowering(*a, **k)
+            value = _lower(name, lowering, a, k)
             if not isinstance(value, ET):
                 raise Unsupported("non-tensor result")
         except Unsupported as e:
@@ -267,7 +283,7 @@ def out_kernel(
             return cpu_fallback(op, *args, **kwargs)
         try:
             a, k = _map_args(args, kwargs)
-            values = lowering(*a, **k)
+            values = _lower(name, lowering, a, k)
         except Unsupported:
             kwargs.update(zip(out_names, outs))
             return cpu_fallback(op, *args, **kwargs)

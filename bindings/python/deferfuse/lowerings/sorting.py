@@ -10,8 +10,8 @@ NaNs equal to one another) with ties broken by position: the stable sort.
 
 Exactly one term of each masked sum is the element itself and the others are
 -0.0 (`x + -0.0` is x for every x, +0.0 included), so values are exact (but
-for the sign of a zero in DeferAndFuse mode, whose fused sums start at +0.0
-as PyTorch's own sums do; the values still compare equal). It costs n * n
+for the sign of a zero: fused sums, which every mode runs, start at +0.0 as
+PyTorch's own sums do; the values still compare equal). It costs n * n
 elements per row, so larger inputs (`ONE_HOT_LIMIT`) stay on the CPU.
 
 Host reads: nonzero and the unique family read their output size back (as

@@ -123,15 +123,35 @@ impl<'a> Data<'a> {
         if out.is_empty() {
             return; // as in `read_run`
         }
-        match stride {
-            0 => out.fill(self.get(offset)),
-            1 => self.read_run(offset, out),
+        match (stride, self) {
+            (0, _) => out.fill(self.get(offset)),
+            (1, _) => self.read_run(offset, out),
+            // One match per run, not per element, and no bounds check inside
+            // (a transposed or sliced view reads whole rows like this).
+            (_, Data::F32(v)) => strided(v, offset, stride, out, |x| x),
+            (_, Data::BF16(v)) => strided(v, offset, stride, out, bf16_to_f32),
+            (_, Data::F16(v)) => strided(v, offset, stride, out, f16::to_f32),
             _ => {
                 for (t, o) in out.iter_mut().enumerate() {
                     *o = self.get(offset + t * stride);
                 }
             }
         }
+    }
+}
+
+/// `out[t] = widen(v[offset + t * stride])`; `out` is not empty.
+#[inline(always)]
+fn strided<T: Copy>(
+    v: &[T],
+    offset: usize,
+    stride: usize,
+    out: &mut [f32],
+    widen: impl Fn(T) -> f32,
+) {
+    let last = offset + (out.len() - 1) * stride;
+    for (o, &x) in out.iter_mut().zip(v[offset..=last].iter().step_by(stride)) {
+        *o = widen(x);
     }
 }
 

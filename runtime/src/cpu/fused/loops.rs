@@ -26,7 +26,7 @@ use crate::memory::MemoryTracker;
 /// Elements per tile: a handful of f32 registers of this size stay in L1/L2.
 pub(crate) const TILE: usize = 8192;
 /// Runs with at least this many elements use rayon.
-const PAR_ELEMS: usize = 32 * 1024;
+const PAR_ELEMS: usize = 128 * 1024;
 
 /// How many values a register holds per tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -125,6 +125,51 @@ pub(crate) struct Scratch {
     pub elem: Vec<Vec<f32>>,
     pub row: Vec<Vec<f32>>,
     pub tmp: [Vec<f32>; 3],
+}
+
+thread_local! {
+    /// Scratch registers of finished runs on this thread, for the next run:
+    /// in a loop, a kernel launch then allocates and zeroes nothing.
+    static SPARE: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// At most this many spare registers are kept per thread (up to a tile each).
+const SPARE_LIMIT: usize = 64;
+
+/// A register of at least `len` floats (the tiles slice it to their length);
+/// only what grows is zeroed.
+fn spare(len: usize) -> Vec<f32> {
+    let mut v = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    v
+}
+
+impl Scratch {
+    fn new(n_elem: usize, elem_cap: usize, n_row: usize, row_cap: usize, tmp: bool) -> Scratch {
+        let tmp_cap = if tmp { elem_cap.max(row_cap) } else { 0 };
+        Scratch {
+            elem: (0..n_elem).map(|_| spare(elem_cap)).collect(),
+            row: (0..n_row).map(|_| spare(row_cap)).collect(),
+            tmp: [spare(tmp_cap), spare(tmp_cap), spare(tmp_cap)],
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        SPARE.with_borrow_mut(|spare| {
+            let regs = self.elem.drain(..).chain(self.row.drain(..));
+            let regs = regs.chain(self.tmp.iter_mut().map(std::mem::take));
+            for v in regs.filter(|v| v.capacity() > 0) {
+                if spare.len() >= SPARE_LIMIT {
+                    break;
+                }
+                spare.push(v);
+            }
+        })
+    }
 }
 
 /// A tile: elements `start..start + len` of the space, rows `r0..r0 + nr`.
@@ -880,19 +925,8 @@ impl LoopExec {
         } else {
             (per * cols, per)
         };
-        let scratch = || Scratch {
-            elem: vec![vec![0.0f32; elem_cap]; self.n_elem],
-            row: vec![vec![0.0f32; row_cap]; self.n_row],
-            tmp: if self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. })) {
-                [
-                    vec![0.0; elem_cap.max(row_cap)],
-                    vec![0.0; elem_cap.max(row_cap)],
-                    vec![0.0; elem_cap.max(row_cap)],
-                ]
-            } else {
-                [Vec::new(), Vec::new(), Vec::new()]
-            },
-        };
+        let has_where = self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. }));
+        let scratch = || Scratch::new(self.n_elem, elem_cap, self.n_row, row_cap, has_where);
         if total >= PAR_ELEMS && ntiles > 1 {
             (0..ntiles)
                 .into_par_iter()
