@@ -261,14 +261,12 @@ impl DiskCache {
 
     /// Deletes least recently used entries until the directory fits its budget.
     fn evict(&self) {
-        let Ok(dir) = fs::read_dir(&self.dir) else { return };
-        let mut entries: Vec<(SystemTime, u64, PathBuf)> = dir
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().extension().is_some_and(|x| x == SUFFIX))
-            .filter_map(|e| {
-                // `DirEntry::metadata` does not follow links.
-                let meta = e.metadata().ok()?;
-                Some((meta.modified().ok()?, meta.len(), e.path()))
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = entry_files(&self.dir)
+            .into_iter()
+            .filter_map(|path| {
+                // Not following links: a link is a file of its own size.
+                let meta = fs::symlink_metadata(&path).ok()?;
+                Some((meta.modified().ok()?, meta.len(), path))
             })
             .collect();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
@@ -283,6 +281,19 @@ impl DiskCache {
             total = total.saturating_sub(len);
         }
     }
+}
+
+/// The entry files of the store in `dir`, sorted by name (none when it
+/// cannot be read).
+pub fn entry_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(read) = fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<PathBuf> = read
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == SUFFIX))
+        .collect();
+    out.sort();
+    out
 }
 
 /// Creates `dir` and any missing parents `0700`.

@@ -67,15 +67,7 @@ impl Drop for TempDir {
 }
 
 fn entries(store: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(store)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "entry"))
-        .collect();
-    out.sort();
-    out
+    deferfuse::disk_cache::entry_files(store)
 }
 
 /// The only entry of a store that one flush filled.

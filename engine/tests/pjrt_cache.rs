@@ -80,15 +80,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 fn executable_entries(cache_dir: &Path) -> Vec<PathBuf> {
     let dir = cache_dir.join(deferfuse::backend_select::PJRT_EXECUTABLES_DIR);
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "entry"))
-        .collect();
-    out.sort();
-    out
+    deferfuse::disk_cache::entry_files(&dir)
 }
 
 /// The `lammps-jax-pjrt-cpu` plugin in the project's `.venv`.
