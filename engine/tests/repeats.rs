@@ -158,3 +158,22 @@ fn the_detector_is_off_in_the_other_modes_and_with_its_switch() {
     (0..20).for_each(|_| mlp.step(&x, 0.01).unwrap());
     assert_eq!(ctx.stats().flushes, 0, "no cut without the detector under the cap");
 }
+
+#[test]
+fn a_loop_that_never_reads_keeps_a_constant_peak_memory() {
+    // Without the detector only the cap (4096 nodes) bounds the pending
+    // trace, and the peak grows until then (173 KiB after 20 steps, 182
+    // KiB after 200, measured with the detector off).
+    let peak_after = |steps: usize| {
+        let ctx = context(Mode::DeferAndFuse, true);
+        let x = ctx.randn(&[64, 16], DType::F32, 7).unwrap();
+        let mut mlp = Mlp::new(&ctx, 256, 1);
+        for _ in 0..steps {
+            mlp.step(&x, 0.001).unwrap();
+        }
+        ctx.sync().unwrap();
+        ctx.memory().peak_bytes
+    };
+    let (short, long) = (peak_after(20), peak_after(200));
+    assert_eq!(short, long, "peak bytes after 20 and after 200 steps");
+}
