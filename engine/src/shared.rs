@@ -18,7 +18,7 @@ use crate::pending::PendingTrace;
 use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared, TierLimits};
 use crate::repeats::op_hash;
 use crate::stream::{Job, Stream};
-use crate::value::{Cell, Value};
+use crate::value::{resolve_all, Cell, Value};
 
 pub(crate) struct Shared {
     pub config: Config,
@@ -294,20 +294,7 @@ impl Shared {
                 ),
             }
         });
-        match result {
-            Ok(buffers) => {
-                for (value, buffer) in plan.holders.iter().zip(buffers) {
-                    value.resolve(Ok(buffer), FLUSH);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                for value in &plan.holders {
-                    value.resolve(Err(e.clone()), FLUSH);
-                }
-                Err(e)
-            }
-        }
+        resolve_all(&plan.holders, result, FLUSH)
     }
 
     /// Runs a flush's program measuring its time and peak bytes, and writes

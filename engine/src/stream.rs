@@ -8,7 +8,7 @@ use runtime::Backend;
 use trace_ir::{Error, Result};
 
 use crate::pipeline::{Pipeline, Preparation};
-use crate::value::{forked_error, Value};
+use crate::value::{forked_error, resolve_all, Value};
 use trace_ir::{Op, Trace};
 
 pub(crate) enum Job {
@@ -60,17 +60,8 @@ impl Stream {
                         Job::Program { name, trace, inputs, outputs } => {
                             let result = run_program(&pipeline, how, &trace, &inputs);
                             drop(inputs);
-                            let what = format!("the {name} op");
-                            match result {
-                                Ok(buffers) => {
-                                    for (value, buffer) in outputs.iter().zip(buffers) {
-                                        value.resolve(Ok(buffer), &what);
-                                    }
-                                }
-                                Err(e) => {
-                                    outputs.iter().for_each(|v| v.resolve(Err(e.clone()), &what))
-                                }
-                            }
+                            // Its error reaches whoever reads the outputs.
+                            let _ = resolve_all(&outputs, result, &format!("the {name} op"));
                         }
                         Job::Barrier(done) => {
                             let _ = done.send(());
@@ -105,6 +96,7 @@ impl Stream {
     }
 }
 
+/// One op as a one-op program.
 fn run_job(
     backend: &dyn Backend,
     pipeline: &Pipeline,
@@ -112,14 +104,13 @@ fn run_job(
     op: &Op,
     inputs: &[Arc<Value>],
 ) -> Result<Arc<runtime::Buffer>> {
-    let buffers = inputs.iter().map(|t| t.wait_input()).collect::<Result<Vec<_>>>()?;
     let metas: Vec<_> = inputs.iter().map(|t| t.meta.clone()).collect();
-    let trace = trace_ir::Trace::single_op(op, &metas)?;
-    let (exe, _) = pipeline.executable(&trace, how)?;
-    let mut out = exe.run(buffers)?;
+    let trace = Trace::single_op(op, &metas)?;
+    let mut out = run_program(pipeline, how, &trace, inputs)?;
     out.pop().ok_or_else(|| Error::backend(backend.name(), "program returned no output"))
 }
 
+/// `trace` on the buffers of `inputs`, once they are computed.
 fn run_program(
     pipeline: &Pipeline,
     how: Preparation,

@@ -90,6 +90,27 @@ impl Value {
     }
 }
 
+/// Binds the buffers a program computed to the values that wait for them,
+/// in order, or its error to all of them; `op` names what computed them.
+pub(crate) fn resolve_all(
+    values: &[Arc<Value>],
+    result: Result<Vec<Arc<Buffer>>>,
+    op: &str,
+) -> Result<()> {
+    match result {
+        Ok(buffers) => {
+            for (value, buffer) in values.iter().zip(buffers) {
+                value.resolve(Ok(buffer), op);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            values.iter().for_each(|v| v.resolve(Err(e.clone()), op));
+            Err(e)
+        }
+    }
+}
+
 /// The error of a Strict stream, or a value queued on it, used in a forked
 /// child.
 pub(crate) fn forked_error() -> Error {

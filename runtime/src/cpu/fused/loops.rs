@@ -139,6 +139,9 @@ const SPARE_LIMIT: usize = 64;
 /// A register of at least `len` floats (the tiles slice it to their length);
 /// only what grows is zeroed.
 fn spare(len: usize) -> Vec<f32> {
+    if len == 0 {
+        return Vec::new(); // an unused register (`tmp` without a `where`)
+    }
     let mut v = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
     if v.len() < len {
         v.resize(len, 0.0);
