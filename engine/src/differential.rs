@@ -134,7 +134,11 @@ pub fn check_conditioned(
     // was; the largest move over a few draws is a steadier estimate.
     let mut sensitivity: Vec<Vec<f64>> = expected.iter().map(|e| vec![0.0; e.len()]).collect();
     for draw in 0..SENSITIVITY_DRAWS {
-        let perturbed = trace_ir::generate::perturbed(trace, seed.wrapping_add(draw));
+        let perturbed =
+            trace_ir::generate::perturbed(trace, seed.wrapping_add(draw), |op| match op {
+                trace_ir::Op::Unary { kind } => runtime::cpu::fused::math::rel_error_bound(*kind),
+                _ => None,
+            });
         let Ok(moved) = run_reference(&perturbed, inputs) else { return Err(plain) };
         for ((s, m), e) in sensitivity.iter_mut().zip(&moved).zip(expected) {
             if !e.dtype().is_float() || m.len() != e.len() {

@@ -137,7 +137,7 @@ fn a_sum_over_an_empty_log_softmax_is_zero() {
 /// --traces 1 --verbose`).
 #[test]
 fn traces_the_differential_run_found_agree() {
-    for i in [17162, 39230, 79499, 97038, 127861, 128078, 175454, 626740, 727766] {
+    for i in [17162, 39230, 79499, 97038, 127861, 128078, 175454, 626740, 727766, 934201] {
         let bytes = deferfuse::differential::trace_bytes(i);
         check_generated(&bytes).unwrap_or_else(|e| panic!("trace {i}: {e}"));
     }

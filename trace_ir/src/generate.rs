@@ -11,7 +11,8 @@
 
 use crate::shape::shape;
 use crate::{
-    ArgReduceOp, Axes, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Trace, UnaryOp,
+    ArgReduceOp, Axes, BinaryOp, DType, Distribution, Meta, NodeId, Op, ReduceOp, Shape, Trace,
+    UnaryOp,
 };
 
 /// Reads choices from bytes; when they run out every choice is 0, so any
@@ -389,59 +390,143 @@ pub fn well_conditioned(trace: &Trace) -> Trace {
 /// order of a sum, a polynomial exp): an empirical condition number.
 /// Exact values, and so every discontinuous op's input in a well-conditioned
 /// trace, are left alone.
-pub fn perturbed(trace: &Trace, seed: u64) -> Trace {
-    let mut out = Trace::new();
+///
+/// `approx_error` gives, for an op the implementation under test
+/// approximates (a polynomial tanh), the relative error it is documented to
+/// keep in f32; where that is larger than `d`, the op's value is perturbed
+/// by that instead, so the sensitivity covers what the approximation may do.
+pub fn perturbed(trace: &Trace, seed: u64, approx_error: impl Fn(&Op) -> Option<f64>) -> Trace {
+    let mut p = Perturber { out: Trace::new(), seed, approx_error, count: 0 };
     let mut remap: Vec<NodeId> = Vec::with_capacity(trace.len());
     let mut exact: Vec<bool> = Vec::with_capacity(trace.len());
-    for (k, node) in trace.nodes.iter().enumerate() {
+    for node in &trace.nodes {
         let inputs: Vec<NodeId> = node.inputs.iter().map(|&i| remap[i]).collect();
-        let id = match &node.op {
-            Op::Parameter { .. } => out.push_parameter(node.meta.clone()),
-            op => out.push(op.clone(), &inputs).expect("the same op on the same metas"),
-        };
-        let dtype = node.meta.dtype;
-        let is_exact =
-            !dtype.is_float() || (exact_float(&node.op) && node.inputs.iter().all(|&i| exact[i]));
+        let is_exact = !node.meta.dtype.is_float()
+            || (exact_float(&node.op) && node.inputs.iter().all(|&i| exact[i]));
         exact.push(is_exact);
-        if is_exact {
-            remap.push(id);
-            continue;
+        remap.push(match &node.op {
+            Op::Parameter { .. } => p.out.push_parameter(node.meta.clone()),
+            op if is_exact => {
+                p.out.push(op.clone(), &inputs).expect("the same op on the same metas")
+            }
+            op => p.rounded(op, &inputs),
+        });
+    }
+    let mut out = p.out;
+    out.outputs = trace.outputs.iter().map(|&o| remap[o]).collect();
+    out
+}
+
+/// Records ops into a perturbed trace (see [`perturbed`]).
+struct Perturber<F> {
+    out: Trace,
+    seed: u64,
+    approx_error: F,
+    /// Ops perturbed so far: each gets its own random stream.
+    count: u64,
+}
+
+impl<F: Fn(&Op) -> Option<f64>> Perturber<F> {
+    /// `op` on `inputs`, with the error of its roundings put in. An f32
+    /// norm or softmax is recorded as the primitive ops it computes, each
+    /// perturbed: its mean is one value shared by its row, so that error
+    /// shifts the whole row alike, and a later sum over the row (a matmul)
+    /// adds up what independent errors would partly cancel.
+    fn rounded(&mut self, op: &Op, inputs: &[NodeId]) -> NodeId {
+        let f32_row_op = self.out.meta(inputs[0]).dtype == DType::F32;
+        match op {
+            Op::LayerNorm { axes } if f32_row_op => {
+                let (x, eps) = (inputs[0], inputs[1]);
+                let mu = self.rounded(&mean(axes), &[x]);
+                let d = self.rounded(&binary(BinaryOp::Sub), &[x, mu]);
+                self.scaled_by_rms(d, eps, axes)
+            }
+            Op::RmsNorm { axes } if f32_row_op => self.scaled_by_rms(inputs[0], inputs[1], axes),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } if f32_row_op => {
+                let axes: Axes = [*axis].into_iter().collect();
+                let max = Op::Reduce { kind: ReduceOp::Max, axes: axes.clone(), keepdim: true };
+                let m = self.out.push(max, &[inputs[0]]).expect("max of a float");
+                let d = self.rounded(&binary(BinaryOp::Sub), &[inputs[0], m]);
+                let e = self.rounded(&Op::Unary { kind: UnaryOp::Exp }, &[d]);
+                let sum = Op::Reduce { kind: ReduceOp::Sum, axes, keepdim: true };
+                let s = self.rounded(&sum, &[e]);
+                if matches!(op, Op::Softmax { .. }) {
+                    self.rounded(&binary(BinaryOp::Div), &[e, s])
+                } else {
+                    let l = self.rounded(&Op::Unary { kind: UnaryOp::Log }, &[s]);
+                    self.rounded(&binary(BinaryOp::Sub), &[d, l])
+                }
+            }
+            op => {
+                let id = self.out.push(op.clone(), inputs).expect("the same op on the same metas");
+                self.perturb(id, op, inputs)
+            }
         }
-        let unit = match dtype {
+    }
+
+    /// `x * rsqrt(mean(x * x) + eps)` over `axes`, each step perturbed.
+    fn scaled_by_rms(&mut self, x: NodeId, eps: NodeId, axes: &Axes) -> NodeId {
+        let sq = self.rounded(&binary(BinaryOp::Mul), &[x, x]);
+        let ms = self.rounded(&mean(axes), &[sq]);
+        let ve = self.rounded(&binary(BinaryOp::Add), &[ms, eps]);
+        let rs = self.rounded(&Op::Unary { kind: UnaryOp::Rsqrt }, &[ve]);
+        self.rounded(&binary(BinaryOp::Mul), &[x, rs])
+    }
+
+    /// `id`, the value of `op` on `inputs`, times random factors in `[1 - d,
+    /// 1 + d)`: `d` is a few units in the last place of its dtype, times the
+    /// square root of the number of terms of a reduction (a sum of n terms
+    /// rounds every partial result, so its error grows like sqrt(n)
+    /// roundings), or the documented error of an approximated op.
+    fn perturb(&mut self, id: NodeId, op: &Op, inputs: &[NodeId]) -> NodeId {
+        let meta = self.out.meta(id).clone();
+        let unit = match meta.dtype {
             DType::BF16 => 1.0 / 64.0,
             DType::F16 => 1.0 / 512.0,
             _ => 1.0 / 4_194_304.0, // 2^-22: four units of f32's rounding
         };
-        // A reduction of n terms rounds every partial result, not only its
-        // own: its error grows like sqrt(n) roundings.
-        let input_shape = |i: usize| &trace.meta(node.inputs[i]).shape;
-        let terms: usize = match &node.op {
+        let input_shape = self.out.meta(inputs[0]).shape.clone();
+        let terms: usize = match op {
             Op::Reduce { axes, .. } | Op::LayerNorm { axes } | Op::RmsNorm { axes } => {
-                axes.iter().map(|&a| input_shape(0)[a]).product()
+                axes.iter().map(|&a| input_shape[a]).product()
             }
-            Op::Softmax { axis } | Op::LogSoftmax { axis } => input_shape(0)[*axis],
-            Op::MatMul => input_shape(0).last().copied().unwrap_or(1),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => input_shape[*axis],
+            Op::MatMul => input_shape.last().copied().unwrap_or(1),
             _ => 1,
         };
         let d = unit * (terms.max(1) as f64).sqrt();
-        let lit = |out: &mut Trace, value: f64| {
-            out.push(Op::Full { value, shape: Default::default(), dtype }, &[]).expect("a literal")
+        let d = match (self.approx_error)(op) {
+            Some(bound) if meta.dtype == DType::F32 => d.max(bound),
+            _ => d,
         };
-        let random = Op::Random {
-            seed: seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            dist: Distribution::Uniform,
-            shape: node.meta.shape.clone(),
-            dtype,
-        };
-        let u = out.push(random, &[]).expect("random of a float shape");
-        let (two_d, one_minus_d) = (lit(&mut out, 2.0 * d), lit(&mut out, 1.0 - d));
-        let scaled = out.push(Op::Binary { kind: BinaryOp::Mul }, &[u, two_d]).expect("floats");
-        let factor =
-            out.push(Op::Binary { kind: BinaryOp::Add }, &[scaled, one_minus_d]).expect("floats");
-        remap.push(out.push(Op::Binary { kind: BinaryOp::Mul }, &[id, factor]).expect("floats"));
+        self.count += 1;
+        let seed = self.seed ^ self.count.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        scale_randomly(&mut self.out, id, &meta.shape, d, seed)
     }
-    out.outputs = trace.outputs.iter().map(|&o| remap[o]).collect();
-    out
+}
+
+fn mean(axes: &Axes) -> Op {
+    Op::Reduce { kind: ReduceOp::Mean, axes: axes.clone(), keepdim: true }
+}
+
+fn binary(kind: BinaryOp) -> Op {
+    Op::Binary { kind }
+}
+
+/// `value` times pseudo-random factors uniform in `[1 - d, 1 + d)`, one per
+/// element of `shape` (which broadcasts to `value`'s shape).
+fn scale_randomly(out: &mut Trace, value: NodeId, shape: &Shape, d: f64, seed: u64) -> NodeId {
+    let dtype = out.meta(value).dtype;
+    let mut lit = |value: f64| {
+        out.push(Op::Full { value, shape: Default::default(), dtype }, &[]).expect("a literal")
+    };
+    let (two_d, one_minus_d) = (lit(2.0 * d), lit(1.0 - d));
+    let random = Op::Random { seed, dist: Distribution::Uniform, shape: shape.clone(), dtype };
+    let u = out.push(random, &[]).expect("random of a float shape");
+    let scaled = out.push(Op::Binary { kind: BinaryOp::Mul }, &[u, two_d]).expect("floats");
+    let factor =
+        out.push(Op::Binary { kind: BinaryOp::Add }, &[scaled, one_minus_d]).expect("floats");
+    out.push(Op::Binary { kind: BinaryOp::Mul }, &[value, factor]).expect("broadcasting floats")
 }
 
 #[cfg(test)]
