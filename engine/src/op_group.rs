@@ -97,7 +97,7 @@ pub(crate) fn record(
         let nodes = inputs.iter().map(|v| g.trace.node_of(v)).collect::<Result<Vec<_>>>()?;
         let hash = crate::repeats::op_hash(&op, &meta);
         let repeated = g.trace.repeats.as_mut().is_some_and(|r| r.push(hash));
-        let node = g.trace.push(op, &nodes)?;
+        let node = g.trace.push(op, &nodes, meta.clone())?;
         let value = Value::new(meta, Cell::Deferred { node, epoch: g.trace.epoch });
         g.trace.set_owner(node, Arc::downgrade(&value));
         Ok((value, repeated || g.trace.len() >= limit))

@@ -124,9 +124,10 @@ impl<I: Input> PendingTrace<I> {
         Ok(node)
     }
 
-    /// Appends an op whose inputs are nodes of this trace.
-    pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
-        self.trace.push(op, inputs)
+    /// Appends an op whose inputs are nodes of this trace; `meta` is its
+    /// output's, as the caller inferred it.
+    pub fn push(&mut self, op: Op, inputs: &[NodeId], meta: Meta) -> Result<NodeId> {
+        self.trace.push_inferred(op, inputs, meta)
     }
 
     /// Remembers where the user recorded `node`, for fusion dumps.

@@ -194,7 +194,7 @@ impl Shared {
                     inputs.iter().map(|v| pending.node_of(v)).collect::<Result<Vec<_>>>()?;
                 let repeated =
                     pending.repeats.as_mut().is_some_and(|r| r.push(op_hash(&op, &meta)));
-                let node = pending.push(op, &nodes)?;
+                let node = pending.push(op, &nodes, meta.clone())?;
                 let epoch = pending.epoch;
                 let value = Value::new(meta, Cell::Deferred { node, epoch });
                 pending.set_owner(node, Arc::downgrade(&value));

@@ -68,6 +68,24 @@ impl Trace {
         Ok(self.nodes.len() - 1)
     }
 
+    /// [`Self::push`] for a caller that has already inferred `meta`, the
+    /// output of `op` on these inputs' metas (the engine infers it at the op
+    /// call, to raise shape errors there): the trace does not infer it again.
+    pub fn push_inferred(&mut self, op: Op, inputs: &[NodeId], meta: Meta) -> Result<NodeId> {
+        if let Some(&bad) = inputs.iter().find(|&&i| i >= self.nodes.len()) {
+            return Err(Error::InvalidTrace(format!(
+                "{}: input node {bad} does not exist",
+                op.name()
+            )));
+        }
+        debug_assert_eq!(
+            infer(&op, &inputs.iter().map(|&i| &self.nodes[i].meta).collect::<Vec<_>>()).ok(),
+            Some(meta.clone())
+        );
+        self.nodes.push(Node { op, inputs: inputs.into(), meta });
+        Ok(self.nodes.len() - 1)
+    }
+
     /// Adds the next runtime input.
     pub fn push_parameter(&mut self, meta: Meta) -> NodeId {
         let index = self.num_parameters();
