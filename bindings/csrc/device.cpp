@@ -38,7 +38,9 @@
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/library.h>
 
-#include <atomic>
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,39 +52,40 @@ const c10::Device kDevice(kTpu, 0);
 
 // ---- storage -------------------------------------------------------------------
 
-// Bytes of live `tpu` storages, and the most there were at once: what
-// `torch.tpu.memory_allocated` and `max_memory_allocated` report.
-std::atomic<int64_t> live_bytes{0};
-std::atomic<int64_t> peak_bytes{0};
-std::atomic<int64_t> allocations{0};
+// Byte and allocation counts of `tpu` storages, in PyTorch's own Stat form,
+// so that `torch.accelerator.memory_allocated` and friends read them
+// directly and `torch.tpu.memory_stats` reports CUDA's key names.
+std::mutex stats_mutex;
+c10::CachingAllocator::Stat byte_stat;
+c10::CachingAllocator::Stat allocation_stat;
 
 struct Block {
   size_t nbytes;
   void* host;
 };
 
-void note_allocated(int64_t nbytes) {
-  const int64_t now = live_bytes.fetch_add(nbytes) + nbytes;
-  int64_t peak = peak_bytes.load();
-  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
-  }
-  allocations.fetch_add(1);
-}
-
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
-  live_bytes.fetch_sub(static_cast<int64_t>(block->nbytes));
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    byte_stat.decrease(block->nbytes);
+    allocation_stat.decrease(1);
+  }
   std::free(block->host);
   delete block;
 }
 
-struct EngineAllocator final : c10::Allocator {
+struct EngineAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     // A zero-byte storage still gets a distinct non-null pointer, as CPU's do.
     void* host = std::malloc(nbytes == 0 ? 1 : nbytes);
     TORCH_CHECK(host != nullptr, "tpu: out of host memory allocating ", nbytes, " bytes");
     auto* block = new Block{nbytes, host};
-    note_allocated(static_cast<int64_t>(nbytes));
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      byte_stat.increase(nbytes);
+      allocation_stat.increase(1);
+    }
     return {host, block, &free_block, kDevice};
   }
 
@@ -92,9 +95,40 @@ struct EngineAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+
+  bool initialized() override { return true; }
+  // The engine frees a buffer when its last tensor dies: nothing is cached.
+  void emptyCache(c10::MempoolId_t) override {}
+  // One engine order: a buffer is never in use by another stream.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    stats.allocated_bytes[all] = byte_stat;
+    stats.reserved_bytes[all] = byte_stat;
+    stats.active_bytes[all] = byte_stat;
+    stats.requested_bytes[all] = byte_stat;
+    stats.allocation[all] = allocation_stat;
+    stats.active[all] = allocation_stat;
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    byte_stat.reset_accumulated();
+    allocation_stat.reset_accumulated();
+  }
+  void resetPeakStats(c10::DeviceIndex) override {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    byte_stat.reset_peak();
+    allocation_stat.reset_peak();
+  }
 };
 
 EngineAllocator allocator;
+// `torch.UntypedStorage(n, device="tpu")` and PyTorch's generic code find it here.
+REGISTER_ALLOCATOR(kTpu, &allocator);
 
 void check_device(std::optional<c10::Device> device) {
   if (device.has_value()) {
@@ -220,8 +254,19 @@ extern "C" {
 // The torch version this library was compiled against: the package refuses
 // to load it under another one.
 __attribute__((visibility("default"))) const char* deferfuse_native_torch_version() { return TORCH_VERSION; }
-__attribute__((visibility("default"))) int64_t deferfuse_native_live_bytes() { return deferfuse::live_bytes.load(); }
-__attribute__((visibility("default"))) int64_t deferfuse_native_peak_bytes() { return deferfuse::peak_bytes.load(); }
-__attribute__((visibility("default"))) int64_t deferfuse_native_allocations() { return deferfuse::allocations.load(); }
-__attribute__((visibility("default"))) void deferfuse_native_reset_peak_bytes() { deferfuse::peak_bytes.store(deferfuse::live_bytes.load()); }
+__attribute__((visibility("default"))) int64_t deferfuse_native_live_bytes() {
+  std::lock_guard<std::mutex> lock(deferfuse::stats_mutex);
+  return deferfuse::byte_stat.current;
+}
+__attribute__((visibility("default"))) int64_t deferfuse_native_peak_bytes() {
+  std::lock_guard<std::mutex> lock(deferfuse::stats_mutex);
+  return deferfuse::byte_stat.peak;
+}
+__attribute__((visibility("default"))) int64_t deferfuse_native_allocations() {
+  std::lock_guard<std::mutex> lock(deferfuse::stats_mutex);
+  return deferfuse::allocation_stat.allocated;
+}
+__attribute__((visibility("default"))) void deferfuse_native_reset_peak_bytes() {
+  deferfuse::allocator.resetPeakStats(0);
+}
 }

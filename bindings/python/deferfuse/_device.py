@@ -1,4 +1,4 @@
-"""The `tpu` device: PrivateUse1 renamed (its C++ core is `_native`), with the module `torch.tpu`."""
+"""The `tpu` device: PrivateUse1 renamed (its C++ core is `_native`), with the module `torch.tpu` (`_tpu_module`)."""
 
 from __future__ import annotations
 
@@ -8,51 +8,8 @@ from typing import Any, Callable
 import torch
 import torch._tensor_str
 
-from . import _native, _state
-
-
-class TpuModule:
-    """`torch.tpu`: what PyTorch asks a device module for."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def set_device(device: object) -> None:
-        pass
-
-    @staticmethod
-    def synchronize(device: object = None) -> None:
-        _state.sync()
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:
-        pass
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        pass
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
+from . import _native
+from . import _tpu_module as TpuModule
 
 
 def _print_from_the_host(format_contents: Callable[..., str]) -> Callable[..., str]:

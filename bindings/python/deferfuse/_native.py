@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from . import _state
 from ._engine import EngineError
 
 _HERE = Path(__file__).resolve().parent
@@ -20,6 +21,28 @@ VERSION_FILE = _HERE / "libdeferfuse_tpu.torch_version"
 _REBUILD = "run `bash .ci/setup_torch` (or `python bindings/csrc/build.py`) to rebuild it"
 
 _lib: ctypes.CDLL | None = None
+
+
+#: An error of a sync that C++ asked for: it cannot cross into C++, so it is
+#: kept and raised by the next `torch.tpu.synchronize()` (`raise_deferred`).
+_deferred_error: BaseException | None = None
+
+
+@ctypes.CFUNCTYPE(None)
+def _engine_sync() -> None:
+    """What the C++ streams and events call to wait for the engine (ctypes takes the GIL)."""
+    global _deferred_error
+    try:
+        _state.sync()
+    except Exception as e:  # kept, see `_deferred_error`
+        _deferred_error = e
+
+
+def raise_deferred() -> None:
+    global _deferred_error
+    error, _deferred_error = _deferred_error, None
+    if error is not None:
+        raise error
 
 
 def built_for() -> str | None:
@@ -57,6 +80,7 @@ def load() -> ctypes.CDLL:
             f"the C++ layer of deferfuse was compiled against torch {compiled} but torch "
             f"{torch.__version__} is installed; {_REBUILD}"
         )
+    lib.deferfuse_native_set_sync(_engine_sync)
     _lib = lib
     return lib
 
