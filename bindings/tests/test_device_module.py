@@ -96,7 +96,7 @@ def test_device_names_and_properties():
         torch.tpu.get_device_name("tpu:3")
 
 
-def test_seeding_api_round_trips():
+def test_seeding_api_round_trips(no_fallback):
     torch.tpu.manual_seed(123)
     assert torch.tpu.initial_seed() == 123
     state = torch.tpu.get_rng_state()

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import _native, _state
+from . import _generator, _native, _state
 
 _DEVICE = torch.device("privateuseone", 0)  # named "tpu" once _device.setup() ran
 
@@ -187,41 +187,37 @@ def device(device: Any) -> Iterator[None]:
     yield
 
 
-# ---- random numbers --------------------------------------------------------------
-# The device generator is not built yet: `tpu` random ops run on the CPU
-# (counted by `deferfuse.fallback_counts()`), drawing from the CPU generator,
-# so seeding the CPU generator is what makes them reproducible. (Not
-# through `torch.manual_seed`, which calls `torch.tpu.manual_seed_all`.)
+# ---- random numbers: the device generator (`_generator`) ----------------------------
 
 
 def manual_seed(seed: int) -> None:
-    torch.default_generator.manual_seed(int(seed))
+    _generator.manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
-    manual_seed(seed)
+    _generator.manual_seed(seed)
 
 
 def seed() -> None:
-    torch.default_generator.seed()
+    _generator.seed()
 
 
 def seed_all() -> None:
-    seed()
+    _generator.seed()
 
 
 def initial_seed() -> int:
-    return torch.default_generator.initial_seed()
+    return _generator.initial_seed()
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
     _check_device(device)
-    return torch.get_rng_state()
+    return _generator.get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
     _check_device(device)
-    torch.set_rng_state(new_state)
+    _generator.set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
