@@ -15,6 +15,7 @@ import os
 import shlex
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 # Building must not import deferfuse (torch's backend autoload would, and
@@ -44,15 +45,17 @@ def command(sources: list[Path], output: Path) -> list[str]:
     cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden"]
     cmd += [f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-Wall", "-Wno-unused-parameter"]
     cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
-    cmd += [str(s) for s in sources]
+    cmd += [f"-I{sysconfig.get_paths()['include']}"]
+    cmd += [str(s) for s in sources if s.suffix == ".cpp"]
     for lib_dir in cpp_extension.library_paths():
         cmd += [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}"]
-    cmd += ["-lc10", "-ltorch_cpu", "-o", str(output)]
+    # libtorch_python for THPVariable_Wrap (bridge.cpp); libpython stays unlinked, as in any extension.
+    cmd += ["-lc10", "-ltorch_cpu", "-ltorch_python", "-o", str(output)]
     return cmd
 
 
 def main() -> int:
-    sources = sorted(CSRC.glob("*.cpp"))
+    sources = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
     force = "--force" in sys.argv
     if not force and _up_to_date(sources):
         print(f"build_native: {LIBRARY.name} is up to date (torch {torch.__version__})")

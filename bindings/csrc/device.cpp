@@ -38,6 +38,8 @@
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/library.h>
 
+#include "storage.h"
+
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <mutex>
@@ -59,17 +61,15 @@ std::mutex stats_mutex;
 c10::CachingAllocator::Stat byte_stat;
 c10::CachingAllocator::Stat allocation_stat;
 
-struct Block {
-  size_t nbytes;
-  void* host;
-};
-
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
   {
     std::lock_guard<std::mutex> lock(stats_mutex);
     byte_stat.decrease(block->nbytes);
     allocation_stat.decrease(1);
+  }
+  if (block->root != nullptr && release_root != nullptr) {
+    release_root(block->root);
   }
   std::free(block->host);
   delete block;
@@ -127,6 +127,16 @@ struct EngineAllocator final : c10::DeviceAllocator {
 };
 
 EngineAllocator allocator;
+}  // namespace
+
+void (*release_root)(void* root) = nullptr;
+
+Block* block_of(const c10::DataPtr& data) {
+  return data.get_deleter() == &free_block ? static_cast<Block*>(data.get_context()) : nullptr;
+}
+
+namespace {
+
 // `torch.UntypedStorage(n, device="tpu")` and PyTorch's generic code find it here.
 REGISTER_ALLOCATOR(kTpu, &allocator);
 
@@ -181,10 +191,32 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::
   return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
 
+// Growing a storage replaces its DataPtr (a new, larger block, as CPU
+// does): the value moves to the new block, and is padded when next read.
+struct KeepRoot {
+  explicit KeepRoot(const c10::Storage& storage) : storage_(storage) {
+    if (Block* old = block_of(storage.data_ptr())) {
+      root_ = old->root;
+      old->root = nullptr;
+    }
+  }
+  ~KeepRoot() {
+    Block* now = block_of(storage_.data_ptr());
+    if (now != nullptr && now->root == nullptr) {
+      now->root = root_;
+    } else if (root_ != nullptr && release_root != nullptr) {
+      release_root(root_);
+    }
+  }
+
+ private:
+  const c10::Storage& storage_;
+  void* root_ = nullptr;
+};
+
 const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
                          std::optional<c10::MemoryFormat> memory_format) {
-  // Grows the storage through its allocator (a new, larger block) as CPU
-  // does; the engine value of the storage is padded when it is next read.
+  KeepRoot keep(self.storage());
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
 }
 
@@ -236,7 +268,11 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override { return kDevice; }
   bool isPinnedPtr(const void*) const override { return false; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    at::native::resize_bytes_nocuda(storage, newsize);
+    // resize_bytes_nocuda would call back here; the CPU routine reallocates
+    // through the storage's own allocator (ours) and copies the host bytes.
+    TORCH_CHECK(storage.resizable(), "tpu: trying to resize a storage that is not resizable");
+    KeepRoot keep(storage);
+    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), newsize);
   }
 };
 

@@ -168,3 +168,33 @@ def test_import_under_another_torch_version_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "9.9.9" in out.stdout and torch.__version__ in out.stdout, out.stdout
+
+
+def test_value_lives_as_long_as_any_alias_of_the_storage(mode):
+    base = torch.arange(12, dtype=torch.float32).to("tpu")
+    view = base.view(3, 4)[1]
+    del base
+    torch.testing.assert_close(view.cpu(), torch.tensor([4.0, 5.0, 6.0, 7.0]))
+
+
+def test_untyped_storage_resize_keeps_the_value():
+    x = torch.arange(4, dtype=torch.float32).to("tpu")
+    x.untyped_storage().resize_(32)
+    assert x.untyped_storage().nbytes() == 32
+    torch.testing.assert_close(x.cpu(), torch.arange(4, dtype=torch.float32))
+
+
+def test_bridge_rejects_bad_arguments_with_exceptions():
+    from deferfuse import _handles
+
+    bridge = _native.bridge()
+    with pytest.raises(TypeError):
+        bridge.new_tensor([2], torch.float32, None)
+    with pytest.raises(ValueError, match="negative"):
+        bridge.new_tensor((-1,), torch.float32, None)
+    with pytest.raises(RuntimeError, match="not a tpu tensor"):
+        bridge.set_root(torch.ones(2), None)
+    assert bridge.root(torch.ones(2)) is None
+    assert bridge.root("not a tensor") is None
+    with pytest.raises(RuntimeError, match="not a tpu tensor"):
+        _handles.root_of(torch.ones(2))

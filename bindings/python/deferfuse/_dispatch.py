@@ -38,7 +38,7 @@ LEFT_TO_TORCH = {
 _libs: list[torch.library.Library] = []
 
 
-_ATTR = _handles._ATTR
+_stored_root = _handles.stored_root
 _local = _state.local
 
 
@@ -49,7 +49,7 @@ def _unwrap(x: Any) -> Any:
         if type(x) is list or type(x) is tuple:
             return type(x)(_unwrap(v) for v in x)
         return x
-    root = getattr(x.untyped_storage(), _ATTR, None)
+    root = _stored_root(x)
     if root is None:
         if x.is_cpu:
             if x.dim() == 0:

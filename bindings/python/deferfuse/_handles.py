@@ -3,9 +3,10 @@
 Tensors on `tpu` are plain strided `torch.Tensor`s with real storage (made by
 the C++ layer, `_native`): PyTorch keeps their sizes, strides and storage
 offset, and views share their base's storage. The value of a storage lives
-on its Python object (which PyTorch keeps alive with the storage) as a
-`Root`: one engine tensor, or a CPU tensor for dtypes the engine lacks, whose
-row-major elements are the storage's elements. Reading a tensor reads its
+in the storage's C++ block (its DataPtr context, which owns it and lives
+exactly as long as the storage) as a `Root`: one engine tensor, or a CPU
+tensor for dtypes the engine lacks, whose row-major elements are the
+storage's elements (`_native.bridge` reads and sets it). Reading a tensor reads its
 (sizes, strides, offset) layout out of the root; writing scatters into the
 root, so every alias of the storage sees it, as on CPU.
 """
@@ -17,7 +18,7 @@ from typing import Union
 
 import torch
 
-from . import _engine, _state, _views
+from . import _engine, _native, _state, _views
 
 TO_ENGINE: dict[torch.dtype, str] = {
     torch.float32: "f32",
@@ -32,8 +33,9 @@ TO_TORCH: dict[str, torch.dtype] = {v: k for k, v in TO_ENGINE.items()}
 Value = Union[_engine.Tensor, torch.Tensor]
 Spec = tuple[tuple[int, ...], tuple[int, ...], int]
 
-_ATTR = "_deferfuse"
-_DEVICE = torch.device("privateuseone", 0)
+_bridge = _native.bridge()
+#: The root of a tpu tensor's storage, or None (also for tensors of other devices).
+stored_root = _bridge.root
 #: The calling thread's mode and context (`_local.current` is the hot path's read).
 _local = _state.local
 
@@ -64,14 +66,13 @@ def root_of(t: torch.Tensor) -> Root:
     """The root of `t`'s storage. A storage that PyTorch allocated itself (an
     `empty`, `empty_strided` or `resize_` in its C++ code) has none yet: its
     bytes are uninitialized, and read as zeros."""
-    storage = t.untyped_storage()
-    root = getattr(storage, _ATTR, None)
+    root = stored_root(t)
     if root is None:
         if t.device.type != "tpu":
             raise RuntimeError(f"deferfuse: a tensor on {t.device} is not a tpu tensor")
-        numel = storage.nbytes() // t.element_size()
+        numel = t.untyped_storage().nbytes() // t.element_size()
         root = Root(_zeros(numel, t.dtype))
-        setattr(storage, _ATTR, root)
+        _bridge.set_root(t, root)
     return root
 
 
@@ -86,11 +87,8 @@ def new_tensor(
 ) -> torch.Tensor:
     """A fresh contiguous `tpu` tensor owning `value`."""
     shape = tuple(value.shape)
-    t = torch.empty(
-        shape, dtype=TO_TORCH[value.dtype] if type(value) is _engine.Tensor else value.dtype, device=_DEVICE
-    )
-    setattr(t.untyped_storage(), _ATTR, Root(value, shape))
-    return t
+    dtype = TO_TORCH[value.dtype] if type(value) is _engine.Tensor else value.dtype
+    return _bridge.new_tensor(shape, dtype, Root(value, shape))
 
 
 def _is_whole(t: torch.Tensor, root: Root) -> bool:

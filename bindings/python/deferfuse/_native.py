@@ -8,7 +8,10 @@ releases, so it is loaded only under the torch it was built for."""
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -21,6 +24,7 @@ VERSION_FILE = _HERE / "libdeferfuse_tpu.torch_version"
 _REBUILD = "run `bash .ci/setup_torch` (or `python bindings/csrc/build.py`) to rebuild it"
 
 _lib: ctypes.CDLL | None = None
+_bridge: ModuleType | None = None
 
 
 #: An error of a sync that C++ asked for: it cannot cross into C++, so it is
@@ -83,6 +87,21 @@ def load() -> ctypes.CDLL:
     lib.deferfuse_native_set_sync(_engine_sync)
     _lib = lib
     return lib
+
+
+def bridge() -> ModuleType:
+    """The library's Python functions (`new_tensor`, `root`, `set_root`), as
+    the extension module `deferfuse._tpu_bridge` (the same loaded library)."""
+    global _bridge
+    if _bridge is None:
+        load()
+        loader = importlib.machinery.ExtensionFileLoader("deferfuse._tpu_bridge", str(LIBRARY))
+        spec = importlib.util.spec_from_file_location("deferfuse._tpu_bridge", str(LIBRARY), loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        _bridge = module
+    return _bridge
 
 
 def live_bytes() -> int:
