@@ -42,6 +42,7 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <map>
 #include <mutex>
 #include <cstdlib>
 #include <cstring>
@@ -252,6 +253,52 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
 }
 
+// ---- pinned host memory ------------------------------------------------------------
+
+// `pin_memory()` and `non_blocking=True` copies ask the accelerator for a
+// pinned host allocator. The engine reads host memory directly (there is no
+// DMA engine to pin for), so pinned memory is ordinary host memory, tracked
+// by address range so that `is_pinned()` says true for it and its views.
+std::mutex pinned_mutex;
+std::map<uintptr_t, size_t> pinned_ranges;
+
+void free_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    pinned_ranges.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  std::free(ptr);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = std::malloc(nbytes == 0 ? 1 : nbytes);
+    TORCH_CHECK(ptr != nullptr, "tpu: out of host memory pinning ", nbytes, " bytes");
+    {
+      std::lock_guard<std::mutex> lock(pinned_mutex);
+      pinned_ranges[reinterpret_cast<uintptr_t>(ptr)] = nbytes == 0 ? 1 : nbytes;
+    }
+    return {ptr, ptr, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+PinnedAllocator pinned_allocator;
+
+bool is_pinned(const void* data) {
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto it = pinned_ranges.upper_bound(address);
+  if (it == pinned_ranges.begin()) {
+    return false;
+  }
+  --it;
+  return address < it->first + it->second;
+}
+
 // ---- hooks: what `torch.accelerator` and PyTorch's generic code ask -------------------
 
 struct Hooks final : at::PrivateUse1HooksInterface {
@@ -266,7 +313,8 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override { return 0; }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
   at::Device getDeviceFromPtr(void*) const override { return kDevice; }
-  bool isPinnedPtr(const void*) const override { return false; }
+  bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     // resize_bytes_nocuda would call back here; the CPU routine reallocates
     // through the storage's own allocator (ours) and copies the host bytes.

@@ -111,3 +111,23 @@ def test_seeding_api_round_trips(no_fallback):
 def test_untyped_storage_on_tpu_uses_the_device_allocator():
     s = torch.UntypedStorage(40, device="tpu")
     assert s.nbytes() == 40 and s.device.type == "tpu"
+
+
+def test_non_blocking_copies_both_ways(mode):
+    x = torch.randn(4, 6, device="tpu")
+    c = x.to("cpu", non_blocking=True)
+    torch.tpu.synchronize()
+    assert c.is_pinned()
+    torch.testing.assert_close(c, x.cpu())
+    back = c.to("tpu", non_blocking=True)
+    torch.testing.assert_close(back.cpu(), c)
+
+
+def test_pinned_host_memory():
+    p = torch.empty(16).pin_memory()
+    assert p.is_pinned() and p[3:].is_pinned()
+    assert not torch.empty(16).is_pinned()
+    assert torch.empty(4, pin_memory=True).is_pinned()
+    data = torch.utils.data.TensorDataset(torch.arange(8.0))
+    (batch,) = next(iter(torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)))
+    assert batch.is_pinned()
