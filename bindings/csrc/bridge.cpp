@@ -6,6 +6,9 @@
 //   new_tensor(shape, dtype, root) -> a contiguous tpu tensor whose storage owns `root`
 //   root(tensor) -> the root of a tpu tensor's storage, or None
 //   set_root(tensor, root)          -> replaces it
+//   whole_value(tensor, context)    -> the root's engine value if `tensor` is all of
+//                                      its root, in the root's dtype, owned by `context`
+//                                      (the hot path of reading an operand), else None
 
 #include <Python.h>
 
@@ -96,7 +99,74 @@ PyObject* set_root(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// Attribute names of `_handles.Root`, interned once.
+PyObject* name_owner = nullptr;
+PyObject* name_dtype = nullptr;
+PyObject* name_shape = nullptr;
+PyObject* name_value = nullptr;
+
+// Borrowed-reference result of an attribute read, or null (with no error set).
+struct Attr {
+  explicit Attr(PyObject* obj, PyObject* name) : ref(PyObject_GetAttr(obj, name)) {
+    if (ref == nullptr) {
+      PyErr_Clear();
+    }
+  }
+  ~Attr() { Py_XDECREF(ref); }
+  PyObject* ref;
+};
+
+bool same_sizes(PyObject* shape, c10::IntArrayRef sizes) {
+  if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != static_cast<Py_ssize_t>(sizes.size())) {
+    return false;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)) != sizes[i]) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+PyObject* whole_value(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "whole_value(tensor, context)");
+    return nullptr;
+  }
+  Block* block = block_of_tensor(args[0]);
+  if (block == nullptr || block->root == nullptr) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& t = THPVariable_Unpack(args[0]);
+  if (t.storage_offset() != 0 || !t.is_contiguous()) {
+    Py_RETURN_NONE;
+  }
+  auto* root = static_cast<PyObject*>(block->root);
+  Attr owner(root, name_owner);
+  if (owner.ref != args[1]) {
+    Py_RETURN_NONE;
+  }
+  Attr dtype(root, name_dtype);
+  if (dtype.ref == nullptr || !THPDtype_Check(dtype.ref) ||
+      reinterpret_cast<THPDtype*>(dtype.ref)->scalar_type != t.scalar_type()) {
+    Py_RETURN_NONE;
+  }
+  Attr shape(root, name_shape);
+  if (shape.ref == nullptr || !same_sizes(shape.ref, t.sizes())) {
+    Py_RETURN_NONE;
+  }
+  PyObject* value = PyObject_GetAttr(root, name_value);
+  if (value == nullptr) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  return value;
+}
+
 PyMethodDef methods[] = {
+    {"whole_value", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&whole_value)), METH_FASTCALL,
+     "The root's value if the tensor is all of its root in the given context, else None."},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&new_tensor)), METH_FASTCALL,
      "A contiguous tpu tensor whose storage owns root."},
     {"root", &root, METH_O, "The root of a tpu tensor's storage, or None."},
@@ -112,5 +182,9 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tpu_bridge", "The C++ layer's hot
 
 PyMODINIT_FUNC PyInit__tpu_bridge() {
   deferfuse::release_root = &deferfuse::release;
+  deferfuse::name_owner = PyUnicode_InternFromString("owner");
+  deferfuse::name_dtype = PyUnicode_InternFromString("dtype");
+  deferfuse::name_shape = PyUnicode_InternFromString("shape");
+  deferfuse::name_value = PyUnicode_InternFromString("value");
   return PyModule_Create(&deferfuse::module);
 }

@@ -198,3 +198,19 @@ def test_bridge_rejects_bad_arguments_with_exceptions():
     assert bridge.root("not a tensor") is None
     with pytest.raises(RuntimeError, match="not a tpu tensor"):
         _handles.root_of(torch.ones(2))
+
+
+def test_whole_value_is_only_for_a_whole_root_of_the_context():
+    from deferfuse import _handles, _state
+
+    x = torch.arange(6, dtype=torch.float32).to("tpu")
+    ctx = _state.local.current
+    assert _handles.whole_value(x, ctx) is _handles.root_of(x).value
+    assert _handles.whole_value(x, object()) is None  # another context's value
+    assert _handles.whole_value(x[1:], ctx) is None  # an offset view
+    assert _handles.whole_value(x.view(2, 3).t(), ctx) is None  # non-contiguous
+    assert _handles.whole_value(x.view(2, 3), ctx) is None  # another shape than the root's
+    assert _handles.whole_value(x.view(torch.int32), ctx) is None  # another dtype
+    assert _handles.whole_value(torch.ones(2), ctx) is None  # a CPU tensor
+    with pytest.raises(TypeError):
+        _handles.whole_value(x)

@@ -39,6 +39,7 @@ _libs: list[torch.library.Library] = []
 
 
 _stored_root = _handles.stored_root
+_whole_value = _handles.whole_value
 _local = _state.local
 
 
@@ -49,6 +50,9 @@ def _unwrap(x: Any) -> Any:
         if type(x) is list or type(x) is tuple:
             return type(x)(_unwrap(v) for v in x)
         return x
+    v = _whole_value(x, _local.current)
+    if v is not None:
+        return v  # the hot path: a whole root in the current mode (checked in C++)
     root = _stored_root(x)
     if root is None:
         if x.is_cpu:
@@ -56,14 +60,6 @@ def _unwrap(x: Any) -> Any:
                 return x.item()
             raise Unsupported("a CPU tensor with dimensions among the operands")
         root = _handles.root_of(x)
-    elif (
-        root.owner is _local.current
-        and x.dtype is root.dtype
-        and x.shape == root.shape
-        and x.storage_offset() == 0
-        and x.is_contiguous()
-    ):
-        return root.value  # the hot path: a whole root in the current mode
     v = read(x, root)
     if isinstance(v, torch.Tensor):
         raise Unsupported(f"dtype {x.dtype} is kept on the CPU")

@@ -36,6 +36,8 @@ Spec = tuple[tuple[int, ...], tuple[int, ...], int]
 _bridge = _native.bridge()
 #: The root of a tpu tensor's storage, or None (also for tensors of other devices).
 stored_root = _bridge.root
+#: `t`'s root's value if `t` is all of its root, in its dtype, owned by the given context; else None.
+whole_value = _bridge.whole_value
 #: The calling thread's mode and context (`_local.current` is the hot path's read).
 _local = _state.local
 
