@@ -147,3 +147,16 @@ def test_an_explicit_cpu_generator_falls_back_to_it():
     g.manual_seed(0)
     b = torch.empty(16).uniform_(generator=g)
     assert torch.equal(a, b)
+
+
+def test_randint_and_random_are_uniform_integers(mode, no_fallback):
+    r = torch.randint(0, 10, (N,), device="tpu").cpu()
+    assert r.dtype == torch.int64 and r.min().item() == 0 and r.max().item() == 9
+    counts = torch.bincount(r, minlength=10).double()
+    chi2 = ((counts - N / 10) ** 2 / (N / 10)).sum().item()
+    assert chi2 < 27.88  # chi-square, 9 degrees of freedom, 0.1% level
+    small = torch.randint(-5, 3, (1000,), device="tpu", dtype=torch.int32).cpu()
+    assert small.dtype == torch.int32 and small.min().item() >= -5 and small.max().item() < 3
+    f = torch.empty(1000, device="tpu").random_(3, 7).cpu()
+    assert set(f.unique().tolist()) == {3.0, 4.0, 5.0, 6.0}
+    assert torch.empty(1000, device="tpu").random_(4).cpu().max().item() == 3.0

@@ -56,6 +56,11 @@ def initial_seed() -> int:
     return _seed
 
 
+def offset() -> int:
+    """How many draws were taken since the last seeding (the state's offset)."""
+    return _offset
+
+
 def next_keys(words: int, bits: int) -> list[int]:
     """Takes the next offset and returns `words` key words of `bits` bits each."""
     global _offset

@@ -165,3 +165,27 @@ def native_dropout(input: ET, p: float, train: bool | None) -> tuple[ET, ET]:
     keep = uniform01(shape).binary("lt", 1.0 - float(p))
     scaled = input.binary("mul", keep.cast(input.dtype)).binary("mul", 1.0 / (1.0 - float(p)))
     return scaled, keep
+
+
+@lower("random.to")
+def random_to(self: ET, to: int, *, generator: Any = None) -> ET:
+    return random_int(self, 0, to, generator=generator)
+
+
+@lower("random.from")
+def random_int(self: ET, from_: int, to: int | None = None, *, generator: Any = None) -> ET:
+    """`random_(from, to)` and so `randint`: integers in [from, to). The
+    draw's 24 bits are scaled to the range, which is exact and unbiased for
+    ranges that are powers of two and biased by at most range / 2^24 otherwise."""
+    _no_generator(generator)
+    if to is None:
+        raise Unsupported("random_ up to the dtype's maximum")
+    if to <= from_:
+        raise Unsupported("an empty range (the CPU raises PyTorch's error)")
+    span = to - from_
+    if span > _MAX_ELEMENTS:
+        raise Unsupported(f"a range wider than 2^24 ({span})")
+    steps = uniform01(list(self.shape)).binary("mul", float(span)).unary("floor")
+    if self.dtype in _SIGNIFICAND:
+        return steps.binary("add", float(from_)).cast(self.dtype)
+    return steps.cast("i64").binary("add", int(from_)).cast(self.dtype)
