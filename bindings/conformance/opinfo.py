@@ -11,7 +11,8 @@ still counts as passed or not by its result. Tolerances: float32 rtol 1e-4,
 atol 1e-5; bfloat16 rtol 1.6e-2, atol 1e-2 (fused kernels round once).
 
 A sample whose `tpu` run drew from the device generator (dropout, `rand_like`,
-`normal_`, ...) is compared by dtype and shape only and counted as "random":
+`normal_`, ...; seen by its count of draws, which OpInfo's state restoring
+leaves alone) is compared by dtype and shape only and counted as "random":
 the device generator's numbers differ from the CPU generator's by design
 (as CUDA's do); `bindings/tests/test_random.py` tests their distributions.
 """
@@ -116,11 +117,11 @@ def run_op(op: Any, dtype: torch.dtype, max_samples: int | None = None) -> OpRow
         row.samples += 1
         before = deferfuse.fallback_counts()
         torch.manual_seed(index)
-        draws = _generator.offset()
+        draws = _generator.draws()
         try:
             got = op(*tree_map(_to_tpu, args), **tree_map(_to_tpu, sample.kwargs))
             got = tree_map(_to_cpu, got)
-            drew = _generator.offset() != draws
+            drew = _generator.draws() != draws
             row.random += drew
             problem = _compare(expected, got, dtype, values=op.name not in UNINITIALIZED and not drew)
             if problem is None:

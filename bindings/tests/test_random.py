@@ -160,3 +160,28 @@ def test_randint_and_random_are_uniform_integers(mode, no_fallback):
     f = torch.empty(1000, device="tpu").random_(3, 7).cpu()
     assert set(f.unique().tolist()) == {3.0, 4.0, 5.0, 6.0}
     assert torch.empty(1000, device="tpu").random_(4).cpu().max().item() == 3.0
+
+
+def test_opinfo_harness_compares_random_samples_by_dtype_and_shape():
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "conformance"))
+    import opinfo
+
+    result = opinfo.run("defer_and_fuse", torch.float32, ["nn.functional.dropout", "add"], max_samples=6)
+    assert result["random"] > 0
+    assert result["mismatched"] == 0 and result["errored"] == 0
+    rows = {r.name: r for r in result["rows"]}
+    assert rows["add"].random == 0  # an op that draws nothing is compared by value
+
+
+def test_seeding_and_state_restores_leave_the_draw_count_alone():
+    from deferfuse import _generator
+
+    before = _generator.draws()
+    state = torch.tpu.get_rng_state()
+    torch.rand(4, device="tpu")
+    torch.tpu.set_rng_state(state)
+    torch.manual_seed(0)
+    assert _generator.draws() == before + 1

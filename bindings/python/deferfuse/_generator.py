@@ -56,17 +56,22 @@ def initial_seed() -> int:
     return _seed
 
 
-def offset() -> int:
-    """How many draws were taken since the last seeding (the state's offset)."""
-    return _offset
+#: Draws taken by this process, never reset (seeding and set_state reset the
+#: offset): lets a caller tell whether an op drew random numbers.
+_draws = 0
+
+
+def draws() -> int:
+    return _draws
 
 
 def next_keys(words: int, bits: int) -> list[int]:
     """Takes the next offset and returns `words` key words of `bits` bits each."""
-    global _offset
+    global _offset, _draws
     with _lock:
         offset = _offset
         _offset += 1
+        _draws += 1
         state = splitmix64(_seed ^ splitmix64(offset))
     per_draw = 64 // bits
     out: list[int] = []
