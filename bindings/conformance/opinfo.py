@@ -9,6 +9,12 @@ the keys samples, passed, mismatched, errored, fell_back (and the per-op
 rows). A sample "fell back" when any aten op it ran used the CPU fallback; it
 still counts as passed or not by its result. Tolerances: float32 rtol 1e-4,
 atol 1e-5; bfloat16 rtol 1.6e-2, atol 1e-2 (fused kernels round once).
+
+A sample whose `tpu` run drew from the device generator (dropout, `rand_like`,
+`normal_`, ...; seen by its count of draws, which OpInfo's state restoring
+leaves alone) is compared by dtype and shape only and counted as "random":
+the device generator's numbers differ from the CPU generator's by design
+(as CUDA's do); `bindings/tests/test_random.py` tests their distributions.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ warnings.filterwarnings("ignore")
 
 import deferfuse  # noqa: E402
 import torch  # noqa: E402
+from deferfuse import _generator  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
 TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
@@ -48,6 +55,8 @@ class OpRow:
     mismatched: int = 0
     errored: int = 0
     fell_back: int = 0
+    # samples that drew from the device generator: compared by dtype and shape only
+    random: int = 0
     first_problem: str = ""
     fallback_ops: set[str] = field(default_factory=set)
     # aten op -> samples of this OpInfo op in which it fell back
@@ -108,10 +117,13 @@ def run_op(op: Any, dtype: torch.dtype, max_samples: int | None = None) -> OpRow
         row.samples += 1
         before = deferfuse.fallback_counts()
         torch.manual_seed(index)
+        draws = _generator.draws()
         try:
             got = op(*tree_map(_to_tpu, args), **tree_map(_to_tpu, sample.kwargs))
             got = tree_map(_to_cpu, got)
-            problem = _compare(expected, got, dtype, values=op.name not in UNINITIALIZED)
+            drew = _generator.draws() != draws
+            row.random += drew
+            problem = _compare(expected, got, dtype, values=op.name not in UNINITIALIZED and not drew)
             if problem is None:
                 row.passed += 1
             else:
@@ -179,7 +191,7 @@ def run(
             rows.append(row)
     total = {
         k: sum(getattr(r, k) for r in rows)
-        for k in ("samples", "passed", "mismatched", "errored", "fell_back")
+        for k in ("samples", "passed", "mismatched", "errored", "fell_back", "random")
     }
     return {"mode": mode, "dtype": str(dtype).replace("torch.", ""), "ops": len(rows), **total, "rows": rows}
 
@@ -215,7 +227,8 @@ def main() -> None:
     print(
         f"\nmode {result['mode']}, {result['dtype']}: {result['ops']} ops, {result['samples']} samples: "
         f"{result['passed']} passed ({100 * result['passed'] / n:.1f}%), {result['mismatched']} mismatched, "
-        f"{result['errored']} errored, {result['fell_back']} fell back to the CPU ({100 * result['fell_back'] / n:.1f}%)"
+        f"{result['errored']} errored, {result['fell_back']} fell back to the CPU ({100 * result['fell_back'] / n:.1f}%); "
+        f"{result['random']} drew random numbers (compared by dtype and shape)"
     )
     fallbacks = deferfuse.fallback_counts()
     print("ops through the CPU fallback (calls):", ", ".join(f"{k} {v}" for k, v in fallbacks.most_common()))

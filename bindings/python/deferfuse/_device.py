@@ -1,4 +1,4 @@
-"""The `tpu` device: PrivateUse1 renamed, with the module `torch.tpu`."""
+"""The `tpu` device: PrivateUse1 renamed (its C++ core is `_native`), with the module `torch.tpu` (`_tpu_module`)."""
 
 from __future__ import annotations
 
@@ -7,53 +7,9 @@ from typing import Any, Callable
 
 import torch
 import torch._tensor_str
-from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import _state
-
-
-class TpuModule:
-    """`torch.tpu`: what PyTorch asks a device module for."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def set_device(device: object) -> None:
-        pass
-
-    @staticmethod
-    def synchronize(device: object = None) -> None:
-        _state.sync()
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:
-        pass
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        pass
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
+from . import _native
+from . import _tpu_module as TpuModule
 
 
 def _print_from_the_host(format_contents: Callable[..., str]) -> Callable[..., str]:
@@ -75,7 +31,12 @@ def _print_from_the_host(format_contents: Callable[..., str]) -> Callable[..., s
 def setup() -> None:
     if getattr(torch, "tpu", None) is TpuModule:
         return
-    _setup_privateuseone_for_python_backend("tpu", backend_module=TpuModule)
+    # The C++ layer first: it registers the storage allocator, the view kernels,
+    # the device guard and the hooks that PrivateUse1 needs before any tensor exists.
+    _native.load()
+    torch.utils.rename_privateuse1_backend("tpu")
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("tpu", TpuModule)
     # The printer looks `_tensor_str` up at each call, so wrapping it here
     # covers print, repr and str (the device suffix is computed elsewhere).
     torch._tensor_str._tensor_str = _print_from_the_host(torch._tensor_str._tensor_str)

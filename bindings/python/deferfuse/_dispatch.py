@@ -4,7 +4,6 @@ fallback for everything else."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
@@ -39,7 +38,8 @@ LEFT_TO_TORCH = {
 _libs: list[torch.library.Library] = []
 
 
-_ATTR = _handles._ATTR
+_stored_root = _handles.stored_root
+_whole_value = _handles.whole_value
 _local = _state.local
 
 
@@ -50,16 +50,17 @@ def _unwrap(x: Any) -> Any:
         if type(x) is list or type(x) is tuple:
             return type(x)(_unwrap(v) for v in x)
         return x
-    h = getattr(x.untyped_storage(), _ATTR, None)
-    if h is None and x.is_cpu:
-        if x.dim() == 0:
-            return x.item()
-        raise Unsupported("a CPU tensor with dimensions among the operands")
-    if h is not None and h.spec is None:
-        root = h.root
-        if root.owner is _local.current and x.shape == root.shape:
-            return root.value  # the hot path: a whole root in the current mode
-    v = read(x, h)
+    v = _whole_value(x, _local.current)
+    if v is not None:
+        return v  # the hot path: a whole root in the current mode (checked in C++)
+    root = _stored_root(x)
+    if root is None:
+        if x.is_cpu:
+            if x.dim() == 0:
+                return x.item()
+            raise Unsupported("a CPU tensor with dimensions among the operands")
+        root = _handles.root_of(x)
+    v = read(x, root)
     if isinstance(v, torch.Tensor):
         raise Unsupported(f"dtype {x.dtype} is kept on the CPU")
     return v
@@ -192,14 +193,16 @@ def _store(t: torch.Tensor, value: torch.Tensor) -> None:
 
 
 def _resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
-    """Gives `t` a new shape and a fresh root (what `out=` resizing does)."""
-    fresh = (
-        new_tensor(_state.engine().full(0.0, list(shape), _handles.TO_ENGINE[t.dtype]))
-        if t.dtype in _handles.TO_ENGINE
-        else new_tensor(torch.zeros(shape, dtype=t.dtype))
-    )
-    with torch.no_grad():
-        t.data = fresh
+    """Resizes `t` as an `out=` argument is resized: in place, over its own
+    storage (grown by the C++ `resize_` when needed)."""
+    if t.requires_grad:
+        # resize_ refuses tensors that require grad; the op writing into
+        # `t` replaces its value anyway.
+        fresh = torch.empty(shape, dtype=t.dtype, device=t.device)
+        with torch.no_grad():
+            t.data = fresh
+        return
+    t.resize_(shape)
 
 
 # ---- kernels -----------------------------------------------------------------
@@ -294,46 +297,6 @@ def out_kernel(
                 _resize(o, tuple(v.shape))
             write(o, v)
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-    return kernel
-
-
-def view_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
-    """A view op: PyTorch's own meta kernel computes the layout over the
-    root; the new tensor aliases the same root."""
-
-    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        meta = _handles.meta_of(self)
-        try:
-            out = op(meta, *args, **kwargs)
-        except RuntimeError:
-            if op.name() not in ("aten::view", "aten::_unsafe_view", "aten::_reshape_alias"):
-                raise
-            # Our tensors report contiguous strides, so `x.t().contiguous().view(...)`
-            # reaches here without a copy: make the copy now, as contiguous() would have.
-            # Only if a contiguous tensor takes the view: a shape that is wrong
-            # on its own (`view(-1, 7)` of 10 elements) raises PyTorch's error
-            # here, instead of copying and failing again forever.
-            op(torch.empty(tuple(self.shape), dtype=self.dtype, device="meta"), *args, **kwargs)
-            fresh = new_tensor(read(self))
-            return kernel(fresh, *args, **kwargs)
-        if isinstance(out, (list, tuple)):
-            return type(out)(_handles.new_view(self, m) for m in out)
-        return _handles.new_view(self, out)
-
-    return kernel
-
-
-def inplace_view_kernel(op: torch._ops.OpOverload, view: torch._ops.OpOverload) -> Callable[..., Any]:
-    """`x.squeeze_()`, `x.t_()`, ...: `x` becomes the view (its C++ metadata is
-    replaced through `.data`, which keeps the Python object)."""
-    as_view = view_kernel(view)
-
-    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        replacement = as_view(self, *args, **kwargs)
-        with torch.no_grad():
-            self.data = replacement
-        return self
 
     return kernel
 
@@ -556,23 +519,6 @@ def compatible_shallow_copy_type(self: torch.Tensor, from_: torch.Tensor) -> boo
     )
 
 
-def resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
-    """Keeps the leading elements, as resizing PyTorch's storage does; new
-    elements are zeros (PyTorch leaves them uninitialized)."""
-    size = tuple(size)
-    if size == tuple(self.shape):
-        return self
-    old = read(self)
-    n_old, n_new = math.prod(self.shape), math.prod(size)
-    _resize(self, size)
-    if isinstance(old, ET) and n_old and n_new:
-        keep = old.reshape([n_old]).slice(0, 0, min(n_old, n_new), 1)
-        if n_new > n_old:
-            keep = _state.engine().cat([keep, _state.engine().full(0.0, [n_new - n_old], old.dtype)], 0)
-        write(self, keep.reshape(list(size)))
-    return self
-
-
 # ---- registration ---------------------------------------------------------------
 
 
@@ -645,7 +591,6 @@ def register() -> None:
     impl("_copy_from", copy_from)
     impl("_copy_from_and_resize", copy_from_and_resize)
     impl("_local_scalar_dense", local_scalar_dense)
-    impl("resize_", resize_)
     impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
     impl("slice_scatter", scatter_kernel(aten.slice.Tensor))
     impl("select_scatter", scatter_kernel(aten.select.int))
@@ -676,6 +621,8 @@ def register() -> None:
         if _has_kernel(op.name(), "CompositeImplicitAutograd"):
             # A backend kernel would replace the decomposition that autograd differentiates.
             continue
+        if _has_kernel(op.name(), "PrivateUse1"):
+            continue  # the C++ layer's kernel (views, empty, resize_)
         impl(name, functional_kernel(op, lowering))
 
     for qualified in torch._C._dispatch_get_all_op_names():
@@ -693,14 +640,11 @@ def register() -> None:
             op = getattr(packet, overload or "default")
         except AttributeError:
             continue
-        if _has_kernel(qualified, "CompositeImplicitAutograd"):
-            continue
-        if _is_view(op):
-            impl(key, view_kernel(op))
-            continue
-        view_twin = _inplace_view_twin(packet_name, overload or "default")
-        if view_twin is not None:
-            impl(key, inplace_view_kernel(op, view_twin))
+        if _has_kernel(qualified, "CompositeImplicitAutograd") or _has_kernel(qualified, "PrivateUse1"):
+            continue  # a decomposition, or a kernel of the C++ layer
+        if _is_view(op) or _inplace_view_twin(packet_name, overload or "default") is not None:
+            # Views are metadata: PyTorch's composite kernels over the C++
+            # layer's as_strided/view (sizes, strides and offsets as on CPU).
             continue
         if packet_name.startswith("_foreach_"):
             single = packet_name[len("_foreach_") :]

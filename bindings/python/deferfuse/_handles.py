@@ -1,12 +1,14 @@
 """How a `tpu` tensor holds its value.
 
-Tensors on `tpu` are plain `torch.Tensor`s without memory of their own. Their
-value lives on the tensor's `untyped_storage()` (which `detach`, `.data` and
-`nn.Parameter` share), as a `Handle`: a `Root` (the value of the storage, an
-engine tensor, or a CPU tensor for dtypes the engine lacks) and, for views, the
-(sizes, strides, offset) of the view over the root's row-major elements.
-A view is read from its root when used and writes go back to the root, so
-aliasing keeps PyTorch's semantics.
+Tensors on `tpu` are plain strided `torch.Tensor`s with real storage (made by
+the C++ layer, `_native`): PyTorch keeps their sizes, strides and storage
+offset, and views share their base's storage. The value of a storage lives
+in the storage's C++ block (its DataPtr context, which owns it and lives
+exactly as long as the storage) as a `Root`: one engine tensor, or a CPU
+tensor for dtypes the engine lacks, whose row-major elements are the
+storage's elements (`_native.bridge` reads and sets it). Reading a tensor reads its
+(sizes, strides, offset) layout out of the root; writing scatters into the
+root, so every alias of the storage sees it, as on CPU.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Union
 
 import torch
 
-from . import _engine, _state, _views
+from . import _engine, _native, _state, _views
 
 TO_ENGINE: dict[torch.dtype, str] = {
     torch.float32: "f32",
@@ -31,90 +33,79 @@ TO_TORCH: dict[str, torch.dtype] = {v: k for k, v in TO_ENGINE.items()}
 Value = Union[_engine.Tensor, torch.Tensor]
 Spec = tuple[tuple[int, ...], tuple[int, ...], int]
 
-_ATTR = "_deferfuse"
-_create = torch._C._acc.create_empty_tensor
+_bridge = _native.bridge()
+#: The root of a tpu tensor's storage, or None (also for tensors of other devices).
+stored_root = _bridge.root
+#: `t`'s root's value if `t` is all of its root, in its dtype, owned by the given context; else None.
+whole_value = _bridge.whole_value
 #: The calling thread's mode and context (`_local.current` is the hot path's read).
 _local = _state.local
 
 
 class Root:
     """The value of one storage: an engine tensor, or a CPU tensor for dtypes
-    the engine does not have (float64, int8, complex, ...). `shape` and
-    `owner` (the engine context of the value) are kept beside it so the hot
-    path needs no call into the engine."""
+    the engine does not have (float64, int8, complex, ...). `shape`, `dtype`
+    and `owner` (the engine context of the value) are kept beside it so the
+    hot path needs no call into the engine."""
 
-    __slots__ = ("value", "shape", "owner")
+    __slots__ = ("value", "shape", "dtype", "owner")
 
     def __init__(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
-        self.value = value
-        self.shape = tuple(value.shape) if shape is None else shape
-        self.owner = _local.current if type(value) is _engine.Tensor else None
+        self.set(value, shape)
 
     def set(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
         self.value = value
         self.shape = tuple(value.shape) if shape is None else shape
-        self.owner = _local.current if type(value) is _engine.Tensor else None
+        if type(value) is _engine.Tensor:
+            self.dtype = TO_TORCH[value.dtype]
+            self.owner = _local.current
+        else:
+            self.dtype = value.dtype
+            self.owner = None
 
 
-class Handle:
-    __slots__ = ("root", "spec")
+def root_of(t: torch.Tensor) -> Root:
+    """The root of `t`'s storage. A storage that PyTorch allocated itself (an
+    `empty`, `empty_strided` or `resize_` in its C++ code) has none yet: its
+    bytes are uninitialized, and read as zeros."""
+    root = stored_root(t)
+    if root is None:
+        if t.device.type != "tpu":
+            raise RuntimeError(f"deferfuse: a tensor on {t.device} is not a tpu tensor")
+        numel = t.untyped_storage().nbytes() // t.element_size()
+        root = Root(_zeros(numel, t.dtype))
+        _bridge.set_root(t, root)
+    return root
 
-    def __init__(self, root: Root, spec: Spec | None) -> None:
-        self.root = root
-        self.spec = spec
 
-
-def handle(t: torch.Tensor) -> Handle:
-    h = getattr(t.untyped_storage(), _ATTR, None)
-    if h is None:
-        raise RuntimeError(
-            f"deferfuse: this tpu tensor (shape {tuple(t.shape)}, dtype {t.dtype}) has no value; "
-            "it was not made by deferfuse"
-        )
-    return h
+def _zeros(numel: int, dtype: torch.dtype) -> Value:
+    if dtype in TO_ENGINE:
+        return _state.engine().full(0.0, [numel], TO_ENGINE[dtype])
+    return torch.zeros(numel, dtype=dtype)
 
 
 def new_tensor(
     value: Value, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """A fresh `tpu` tensor owning `value`."""
+    """A fresh contiguous `tpu` tensor owning `value`."""
     shape = tuple(value.shape)
-    t = _create(shape, TO_TORCH[value.dtype] if type(value) is _engine.Tensor else value.dtype)
-    setattr(t.untyped_storage(), _ATTR, Handle(Root(value, shape), None))
-    return t
+    dtype = TO_TORCH[value.dtype] if type(value) is _engine.Tensor else value.dtype
+    return _bridge.new_tensor(shape, dtype, Root(value, shape))
 
 
-def new_view(base: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-    """A `tpu` tensor aliasing `base`'s root, laid out like the meta tensor."""
-    h = handle(base)
-    t = _create(tuple(meta.shape), base.dtype)
-    spec = (tuple(meta.shape), tuple(meta.stride()), meta.storage_offset())
-    root_shape = _root_shape(h.root)
-    if spec == (root_shape, _contiguous_strides(root_shape), 0):
-        spec = None  # the whole root, as it is
-    setattr(t.untyped_storage(), _ATTR, Handle(h.root, spec))
-    return t
+def _is_whole(t: torch.Tensor, root: Root) -> bool:
+    """`t` is its root, element for element, in the root's dtype."""
+    return t.dtype is root.dtype and t.shape == root.shape and t.storage_offset() == 0 and t.is_contiguous()
 
 
-def _root_shape(root: Root) -> tuple[int, ...]:
-    return root.shape
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
-
-
-def meta_of(t: torch.Tensor) -> torch.Tensor:
-    """A meta tensor with `t`'s true layout over its root, for view arithmetic."""
-    h = handle(t)
-    root_shape = _root_shape(h.root)
-    base = torch.empty(root_shape, dtype=t.dtype, device="meta")
-    spec = _spec(t, h, root_shape)
-    return base if spec is None else base.as_strided(*spec)
+def _covers(t: torch.Tensor, root: Root) -> bool:
+    """`t` is every element of its root in row-major order, in the root's dtype."""
+    return (
+        t.dtype is root.dtype
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and t.numel() == math.prod(root.shape)
+    )
 
 
 def _current(root: Root) -> Value:
@@ -125,33 +116,25 @@ def _current(root: Root) -> Value:
     return root.value
 
 
-def _spec(t: torch.Tensor, h: Handle, root_shape: tuple[int, ...]) -> Spec | None:
-    """`t`'s layout over its root: the handle's, or, for an alias that PyTorch
-    made in C++ over the same storage (e.g. `_unsafe_view`), `t`'s own."""
-    if h.spec is None:
-        if tuple(t.shape) == root_shape:
-            return None
-        return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
-    if tuple(t.shape) != h.spec[0]:
-        raise RuntimeError(
-            f"deferfuse: a tensor of shape {tuple(t.shape)} aliases a view of shape {h.spec[0]}; "
-            "this layout is not modelled"
-        )
-    return h.spec
+def spec_of(t: torch.Tensor) -> Spec:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
-def read(t: torch.Tensor, h: Handle | None = None) -> Value:
+def read(t: torch.Tensor, root: Root | None = None) -> Value:
     """The value of `t`: an engine tensor of `t`'s shape, or a CPU tensor."""
-    if h is None:
-        h = handle(t)
-    root = h.root
-    if h.spec is None and root.owner is _local.current and t.shape == root.shape:
+    if root is None:
+        root = root_of(t)
+    if root.owner is _local.current and _is_whole(t, root):
         return root.value  # the hot path: a whole root in the current mode
     v = _current(root)
-    spec = _spec(t, h, root.shape)
-    if spec is None:
+    if t.dtype is not root.dtype:
+        _state.count_fallback("aten::view.dtype (read of a view of another dtype)")
+        cpu = _bytes_as(v, t.dtype).as_strided(*spec_of(t))
+        return from_cpu_value(cpu) if t.dtype in TO_ENGINE else cpu.clone()
+    spec = spec_of(t)
+    if spec == (root.shape, _contiguous_strides(root.shape), 0):
         return v
-    v = _grow(h.root, v, spec)
+    v = _grow(root, v, spec)
     if isinstance(v, torch.Tensor):
         return v.as_strided(*spec)
     return _views.read(v, spec)
@@ -159,7 +142,7 @@ def read(t: torch.Tensor, h: Handle | None = None) -> Value:
 
 def write(t: torch.Tensor, value: Value) -> None:
     """Makes `value` (of `t`'s shape) the new value of `t`, and so of its root."""
-    h = handle(t)
+    root = root_of(t)
     if isinstance(value, _engine.Tensor):
         want = TO_ENGINE.get(t.dtype)
         if want is None:
@@ -168,25 +151,53 @@ def write(t: torch.Tensor, value: Value) -> None:
             value = value.cast(want)
     else:
         value = value.to(t.dtype)
-    old = _current(h.root)
-    spec = _spec(t, h, h.root.shape)
-    if spec is not None:
-        old = _grow(h.root, old, spec)
+        if t.dtype in TO_ENGINE:
+            value = from_cpu_value(value)
+    if _covers(t, root):
+        # The whole storage, in order: the value becomes the root, in `t`'s
+        # shape (so that reading `t` back is the hot path).
+        root.set(value, tuple(t.shape))
+        return
+    old = _current(root)
+    if t.dtype is not root.dtype:
+        _write_bytes(root, old, t, value)
+        return
+    spec = spec_of(t)
+    old = _grow(root, old, spec)
     if isinstance(old, torch.Tensor):
         v = value if isinstance(value, torch.Tensor) else to_cpu_value(value)
-        if spec is None:
-            h.root.set(v.clone().reshape(old.shape))
-        else:
-            new_root = old.clone()
-            new_root.as_strided(*spec).copy_(v)
-            h.root.set(new_root)
+        new_root = old.clone()
+        new_root.as_strided(*spec).copy_(v)
+        root.set(new_root)
         return
     if isinstance(value, torch.Tensor):
         value = from_cpu_value(value)
-    if spec is None:
-        h.root.set(value, tuple(t.shape))
-    else:
-        h.root.set(_views.write(old, spec, value), h.root.shape)
+    root.set(_views.write(old, spec, value), root.shape)
+
+
+def _bytes_as(v: Value, dtype: torch.dtype) -> torch.Tensor:
+    """A root's elements reinterpreted as `dtype` (a dtype view such as
+    `view(torch.int32)` or `view_as_real`), on the CPU."""
+    cpu = to_cpu_value(v).reshape(-1)
+    return cpu.view(torch.uint8).view(dtype)
+
+
+def _write_bytes(root: Root, old: Value, t: torch.Tensor, value: Value) -> None:
+    """Writes through a dtype view: on the CPU, as bytes of the root."""
+    _state.count_fallback("aten::view.dtype (write through a view of another dtype)")
+    cpu = to_cpu_value(old).reshape(-1).clone()
+    as_view = cpu.view(torch.uint8).view(t.dtype)
+    as_view.as_strided(*spec_of(t)).copy_(value if isinstance(value, torch.Tensor) else to_cpu_value(value))
+    new = cpu.reshape(root.shape)
+    root.set(from_cpu_value(new) if new.dtype in TO_ENGINE else new, root.shape)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _extent(spec: Spec) -> int:
@@ -198,9 +209,8 @@ def _extent(spec: Spec) -> int:
 
 
 def _grow(root: Root, value: Value, spec: Spec) -> Value:
-    """PyTorch's composite kernels sometimes resize a tensor in C++ (e.g. the
-    empty output of `slice_scatter`), past what its root holds: the root then
-    grows, flattened, with zeros (PyTorch's new memory is uninitialized)."""
+    """`resize_` grows a storage in C++ past what its root holds: the root
+    then grows, flattened, with zeros (PyTorch's new memory is uninitialized)."""
     need, numel = _extent(spec), math.prod(value.shape)
     if need <= numel:
         return value

@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (they register)
     matmul,
     nn,
     pooling,
+    random,
     reductions,
     scatter,
     search,

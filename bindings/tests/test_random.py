@@ -1,0 +1,187 @@
+"""The device generator: random ops run on the engine (no CPU fallback),
+reproducibly for a seed, with the right distributions (moments and
+Kolmogorov-Smirnov tests, not bits: the stream differs from the CPU's)."""
+
+import math
+
+import deferfuse
+import pytest
+import torch
+
+N = 20000
+# The Kolmogorov-Smirnov statistic's critical value at the 0.1% level.
+KS_CRITICAL = 1.95 / math.sqrt(N)
+
+
+def _ks(sample: torch.Tensor, cdf) -> float:
+    x, _ = torch.sort(sample.double())
+    n = x.numel()
+    f = cdf(x)
+    above = torch.arange(1, n + 1, dtype=torch.float64) / n - f
+    below = f - torch.arange(0, n, dtype=torch.float64) / n
+    return max(above.max().item(), below.max().item())
+
+
+def _normal_cdf(x):
+    return 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def test_uniform_is_uniform(mode, no_fallback):
+    u = torch.rand(N, device="tpu").cpu()
+    assert 0.0 <= u.min().item() and u.max().item() < 1.0
+    assert _ks(u, lambda x: x) < KS_CRITICAL
+    assert abs(u.mean().item() - 0.5) < 0.01
+    assert abs(u.var().item() - 1 / 12) < 0.004
+
+
+def test_normal_is_normal(mode, no_fallback):
+    z = torch.randn(N, device="tpu").cpu()
+    assert _ks(z, _normal_cdf) < KS_CRITICAL
+    assert abs(z.mean().item()) < 0.03
+    assert abs(z.std().item() - 1.0) < 0.03
+
+
+def test_normal_with_mean_and_std(no_fallback):
+    x = torch.empty(N, device="tpu").normal_(3.0, 0.5).cpu()
+    assert _ks((x - 3.0) / 0.5, _normal_cdf) < KS_CRITICAL
+
+
+def test_uniform_with_bounds_and_low_precision(no_fallback):
+    x = torch.empty(N, device="tpu").uniform_(-2.0, 6.0).cpu()
+    assert -2.0 <= x.min().item() and x.max().item() < 6.0
+    assert _ks((x + 2.0) / 8.0, lambda v: v) < KS_CRITICAL
+    b = torch.rand(N, device="tpu", dtype=torch.bfloat16).cpu()
+    assert b.dtype == torch.bfloat16 and b.max().item() < 1.0 and b.min().item() >= 0.0
+
+
+def test_consecutive_draws_are_independent(no_fallback):
+    a, b = torch.rand(N, device="tpu").cpu(), torch.rand(N, device="tpu").cpu()
+    assert not torch.equal(a, b)
+    corr = torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+    assert abs(corr) < 0.05
+    # Neighbouring elements of one draw too.
+    lag = torch.corrcoef(torch.stack([a[:-1], a[1:]]))[0, 1].item()
+    assert abs(lag) < 0.05
+
+
+def test_bernoulli_and_exponential(no_fallback):
+    b = torch.empty(N, device="tpu").bernoulli_(0.3).cpu()
+    assert set(b.unique().tolist()) <= {0.0, 1.0}
+    assert abs(b.mean().item() - 0.3) < 0.02
+    probs = torch.full((N,), 0.8, device="tpu")
+    assert abs(torch.bernoulli(probs).cpu().mean().item() - 0.8) < 0.02
+    e = torch.empty(N, device="tpu").exponential_(2.0).cpu()
+    assert e.min().item() >= 0.0
+    assert _ks(e, lambda x: 1 - torch.exp(-2.0 * x)) < KS_CRITICAL
+
+
+def test_manual_seed_reproduces_a_sequence(mode, no_fallback):
+    torch.manual_seed(1234)
+    first = [torch.rand(64, device="tpu").cpu(), torch.randn(8, 8, device="tpu").cpu()]
+    torch.manual_seed(1234)
+    second = [torch.rand(64, device="tpu").cpu(), torch.randn(8, 8, device="tpu").cpu()]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    torch.manual_seed(4321)
+    assert not torch.equal(torch.rand(64, device="tpu").cpu(), first[0])
+
+
+def test_same_numbers_in_every_mode():
+    draws = []
+    for m in ("strict", "debug", "defer_and_fuse"):
+        with deferfuse.mode(m):
+            torch.manual_seed(5)
+            draws.append(torch.randn(1000, device="tpu").cpu())
+    assert torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
+
+
+def test_rng_state_round_trip(no_fallback):
+    torch.tpu.manual_seed(99)
+    torch.rand(10, device="tpu")
+    state = torch.tpu.get_rng_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    a = torch.randn(100, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    b = torch.randn(100, device="tpu").cpu()
+    assert torch.equal(a, b)
+    assert torch.tpu.initial_seed() == 99
+
+
+def test_bad_rng_state_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="range"):
+        torch.tpu.manual_seed(1 << 70)
+
+
+def test_dropout_training_step_runs_without_fallback(mode, no_fallback):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.25), torch.nn.Linear(32, 1)).to(
+        "tpu"
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16, device="tpu"), torch.randn(8, 1, device="tpu")
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+
+
+def test_dropout_rate_scale_and_mask(no_fallback):
+    torch.manual_seed(3)
+    x = torch.ones(N, device="tpu")
+    out, mask = torch.ops.aten.native_dropout(x, 0.2, True)
+    out, mask = out.cpu(), mask.cpu()
+    assert mask.dtype == torch.bool
+    assert abs(mask.float().mean().item() - 0.8) < 0.02
+    torch.testing.assert_close(out[mask], torch.full((int(mask.sum()),), 1.25))
+    assert (out[~mask] == 0).all()
+
+
+def test_an_explicit_cpu_generator_falls_back_to_it():
+    g = torch.Generator().manual_seed(0)
+    a = torch.empty(16, device="tpu").uniform_(generator=g).cpu()
+    g.manual_seed(0)
+    b = torch.empty(16).uniform_(generator=g)
+    assert torch.equal(a, b)
+
+
+def test_randint_and_random_are_uniform_integers(mode, no_fallback):
+    r = torch.randint(0, 10, (N,), device="tpu").cpu()
+    assert r.dtype == torch.int64 and r.min().item() == 0 and r.max().item() == 9
+    counts = torch.bincount(r, minlength=10).double()
+    chi2 = ((counts - N / 10) ** 2 / (N / 10)).sum().item()
+    assert chi2 < 27.88  # chi-square, 9 degrees of freedom, 0.1% level
+    small = torch.randint(-5, 3, (1000,), device="tpu", dtype=torch.int32).cpu()
+    assert small.dtype == torch.int32 and small.min().item() >= -5 and small.max().item() < 3
+    f = torch.empty(1000, device="tpu").random_(3, 7).cpu()
+    assert set(f.unique().tolist()) == {3.0, 4.0, 5.0, 6.0}
+    assert torch.empty(1000, device="tpu").random_(4).cpu().max().item() == 3.0
+
+
+def test_opinfo_harness_compares_random_samples_by_dtype_and_shape():
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "conformance"))
+    import opinfo
+
+    result = opinfo.run("defer_and_fuse", torch.float32, ["nn.functional.dropout", "add"], max_samples=6)
+    assert result["random"] > 0
+    assert result["mismatched"] == 0 and result["errored"] == 0
+    rows = {r.name: r for r in result["rows"]}
+    assert rows["add"].random == 0  # an op that draws nothing is compared by value
+
+
+def test_seeding_and_state_restores_leave_the_draw_count_alone():
+    from deferfuse import _generator
+
+    before = _generator.draws()
+    state = torch.tpu.get_rng_state()
+    torch.rand(4, device="tpu")
+    torch.tpu.set_rng_state(state)
+    torch.manual_seed(0)
+    assert _generator.draws() == before + 1
