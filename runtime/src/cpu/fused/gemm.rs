@@ -217,13 +217,15 @@ fn gemm_batched(
     });
     let (ra, ca) = (sta[sta.len() - 2], sta[sta.len() - 1]);
     let (rb, cb) = (stb[stb.len() - 2], stb[stb.len() - 1]);
-    let one = |d: &mut [f32], (pa, pb): (usize, usize), par: Parallelism| {
+    let one = |d: &mut [f32], rows: usize, (pa, pb): (usize, usize), par: Parallelism| {
         // SAFETY: the views were checked to stay inside their buffers
-        // (`view_geometry`), `d` holds m*n elements written row-major, and
-        // it does not alias the operands.
+        // (`view_geometry`), `d` holds rows*n elements written row-major, and
+        // it does not alias the operands; `rows` is m, or m times the batches
+        // of a folded product whose lhs rows continue at stride `ra` (checked
+        // by `folded_rows`).
         unsafe {
             gemm::gemm(
-                m,
+                rows,
                 n,
                 k,
                 d.as_mut_ptr(),
@@ -245,5 +247,51 @@ fn gemm_batched(
             )
         }
     };
-    crate::cpu::matmul::for_each_batch(dst, &offsets, (m, k, n), one);
+    if let Some(rows) = folded_rows(&offsets, m, ra) {
+        crate::cpu::matmul::for_each_batch(dst, &[offsets[0]], (rows, k, n), |d, o, par| {
+            one(d, rows, o, par)
+        });
+        return;
+    }
+    crate::cpu::matmul::for_each_batch(dst, &offsets, (m, k, n), |d, o, par| one(d, m, o, par));
+}
+
+/// The rows of one product that does the work of every batch, when every
+/// batch multiplies the same rhs matrix and the lhs matrices follow one
+/// another at the lhs row stride (a linear layer over `[batch, seq, in]`, a
+/// batch folded into m): `batches * m`. One large product packs the rhs once
+/// and splits its rows over the cores, where one product per batch would pack
+/// the rhs again for each and split small products.
+fn folded_rows(offsets: &[(usize, usize)], m: usize, row_stride: usize) -> Option<usize> {
+    let (&(a0, b0), rest) = offsets.split_first()?;
+    if rest.is_empty() || row_stride == 0 {
+        return None;
+    }
+    let step = m.checked_mul(row_stride)?;
+    let follows = offsets.iter().enumerate().all(|(t, &(a, b))| {
+        b == b0 && t.checked_mul(step).and_then(|o| o.checked_add(a0)) == Some(a)
+    });
+    follows.then(|| m * offsets.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::folded_rows;
+
+    #[test]
+    fn batches_fold_into_rows_only_over_one_rhs_and_continuing_lhs_rows() {
+        // [3, 4, k] row-major (row stride 8) times one rhs: 12 rows.
+        assert_eq!(folded_rows(&[(0, 5), (32, 5), (64, 5)], 4, 8), Some(12));
+        // A different rhs per batch.
+        assert_eq!(folded_rows(&[(0, 0), (32, 40)], 4, 8), None);
+        // A gap between the lhs matrices (a slice of a larger batch).
+        assert_eq!(folded_rows(&[(0, 0), (40, 0)], 4, 8), None);
+        // A broadcast lhs (every batch reads the same matrix).
+        assert_eq!(folded_rows(&[(0, 0), (0, 0)], 4, 8), None);
+        // A transposed lhs (rows at stride 1, columns at stride m): the
+        // batches do not continue its rows.
+        assert_eq!(folded_rows(&[(0, 0), (32, 0)], 4, 1), None);
+        // One batch: nothing to fold.
+        assert_eq!(folded_rows(&[(0, 0)], 4, 8), None);
+    }
 }
