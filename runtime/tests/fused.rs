@@ -453,6 +453,9 @@ fn linear_layers_over_a_batch_match_folded_or_not() {
         let v = b.param(&[3, 6, 16], dt);
         let vs = b.op(Op::Slice { axis: 1, start: 0, stop: 5, step: 1 }, &[v]);
         outs.push(b.op(Op::MatMul, &[vs, wt]));
+        // More rows than the gemm crate's register block.
+        let u = b.param(&[2, 20, 16], dt);
+        outs.push(b.op(Op::MatMul, &[u, wt]));
         let with_bias: Vec<NodeId> = outs.iter().map(|&o| b.bin(BinaryOp::Add, o, bias)).collect();
         check_default(&b.out(&with_bias));
     }

@@ -121,30 +121,39 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Deferfuse's matmul in Strict: the operands built once, each call one
-/// program (a cache hit after the first) run and synchronized.
+/// Deferfuse's matmul in Strict, called as `F.linear` calls it: the stored
+/// operands' transposes are views taken in the call, and the call is one op
+/// group, so that the transpose is read by the product (one program, a
+/// tier-1 hit after the first call) instead of being copied once outside
+/// the timed call.
 struct Ours {
     ctx: Context,
     a: Tensor,
     b: Tensor,
+    ta: bool,
+    tb: bool,
 }
 
 impl Ours {
     fn new(case: &Case, dtype: DType) -> Result<Ours> {
         let ctx = Context::new(Config { mode: Mode::Strict, ..Config::default() })?;
-        let view = |t: Tensor, transposed: bool| if transposed { t.t() } else { Ok(t) };
         let a = ctx.randn(&Case::stored(&case.lhs, case.ta), DType::F32, 1)?.to_dtype(dtype)?;
         let b = ctx.randn(&Case::stored(&case.rhs, case.tb), DType::F32, 2)?.to_dtype(dtype)?;
-        let (a, b) = (view(a, case.ta)?, view(b, case.tb)?);
         ctx.sync()?;
-        let ours = Ours { ctx, a, b };
+        let ours = Ours { ctx, a, b, ta: case.ta, tb: case.tb };
         ours.call()?;
         Ok(ours)
     }
 
+    fn product(&self) -> Result<Tensor> {
+        let view = |t: &Tensor, transposed: bool| if transposed { t.t() } else { Ok(t.clone()) };
+        view(&self.a, self.ta)?.matmul(&view(&self.b, self.tb)?)
+    }
+
     fn call(&self) -> Result<f64> {
         let start = Instant::now();
-        let out = self.a.matmul(&self.b)?;
+        let group = self.ctx.op_group("matmul");
+        let out = group.end(self.product())?;
         self.ctx.sync()?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         drop(out);
@@ -239,29 +248,37 @@ fn with_gemm(r: &Raw, out: &mut [f32]) {
     }
 }
 
-/// `matrixmultiply` (its own threads, `threading` feature): packs both
-/// operands, so a transposed operand costs nothing extra.
+/// `matrixmultiply` (single-threaded, no `threading` feature), its output
+/// columns split over rayon's threads as the CPU backend splits them: each
+/// thread packs its own columns of the rhs.
 fn with_matrixmultiply(r: &Raw, out: &mut [f32]) {
-    for (d, &(oa, ob)) in out.chunks_mut(r.m * r.n).zip(&r.offsets) {
-        // SAFETY: as in `with_gemm`.
-        unsafe {
-            matrixmultiply::sgemm(
-                r.m,
-                r.k,
-                r.n,
-                1.0,
-                r.a.as_ptr().add(oa),
-                r.sa.0,
-                r.sa.1,
-                r.b.as_ptr().add(ob),
-                r.sb.0,
-                r.sb.1,
-                0.0,
-                d.as_mut_ptr(),
-                r.n as isize,
-                1,
-            )
-        }
+    use rayon::prelude::*;
+    let (m, k, n) = (r.m, r.k, r.n);
+    let width = n.div_ceil(rayon::current_num_threads()).div_ceil(64) * 64;
+    for (d, &(oa, ob)) in out.chunks_mut(m * n).zip(&r.offsets) {
+        let dst = d.as_mut_ptr() as usize;
+        (0..n.div_ceil(width)).into_par_iter().for_each(|t| {
+            let (j0, j1) = (t * width, ((t + 1) * width).min(n));
+            // SAFETY: as in `with_gemm`; each task writes its own columns.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    j1 - j0,
+                    1.0,
+                    r.a.as_ptr().add(oa),
+                    r.sa.0,
+                    r.sa.1,
+                    r.b.as_ptr().add(ob + j0 * r.sb.1 as usize),
+                    r.sb.0,
+                    r.sb.1,
+                    0.0,
+                    (dst as *mut f32).add(j0),
+                    n as isize,
+                    1,
+                )
+            }
+        });
     }
 }
 
