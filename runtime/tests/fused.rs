@@ -462,6 +462,18 @@ fn linear_layers_over_a_batch_match_folded_or_not() {
 }
 
 #[test]
+fn a_large_linear_layer_splits_its_columns_and_matches() {
+    // Enough multiply-adds for the product to run on every core, and an
+    // output width (200) that splits into column blocks with a ragged last.
+    let mut b = B::default();
+    let x = b.param(&[130, 64], DType::F32);
+    let w = b.param(&[200, 64], DType::F32);
+    let wt = transpose(&mut b, w);
+    let y = b.op(Op::MatMul, &[x, wt]);
+    check_default(&b.out(&[y]));
+}
+
+#[test]
 fn attention_head_split_is_read_in_place() {
     let (bt, s, h, d) = (2, 16, 4, 8);
     let mut b = B::default();
