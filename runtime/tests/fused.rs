@@ -427,6 +427,53 @@ fn matmuls_with_transposes_and_batches() {
 }
 
 #[test]
+fn linear_layers_over_a_batch_match_folded_or_not() {
+    // `x @ w.t() + bias` with x of rank 3 and w of rank 2: every batch reads
+    // the same weight, so the CPU backend runs one product over the batch's
+    // rows when the lhs rows follow one another, and one per batch when not.
+    for dt in [DType::F32, DType::BF16] {
+        let mut b = B::default();
+        let w = b.param(&[24, 16], dt);
+        let wt = transpose(&mut b, w);
+        let bias = b.param(&[24], dt);
+        let mut outs = Vec::new();
+        // Contiguous rows: folded.
+        let x = b.param(&[3, 5, 16], dt);
+        outs.push(b.op(Op::MatMul, &[x, wt]));
+        // Batch-major view of a [5, 3, 16] tensor: the batches interleave.
+        let y = b.param(&[5, 3, 16], dt);
+        let yp = b.op(Op::Permute { perm: [1, 0, 2].into_iter().collect() }, &[y]);
+        outs.push(b.op(Op::MatMul, &[yp, wt]));
+        // Rows at stride 1, columns at stride 15: folded, with that column stride.
+        let z = b.param(&[16, 15], dt);
+        let zr = b.op(Op::Reshape { shape: [16, 3, 5].into_iter().collect() }, &[z]);
+        let zp = b.op(Op::Permute { perm: [1, 2, 0].into_iter().collect() }, &[zr]);
+        outs.push(b.op(Op::MatMul, &[zp, wt]));
+        // Five of six rows per batch: a gap between the batches.
+        let v = b.param(&[3, 6, 16], dt);
+        let vs = b.op(Op::Slice { axis: 1, start: 0, stop: 5, step: 1 }, &[v]);
+        outs.push(b.op(Op::MatMul, &[vs, wt]));
+        // More rows than the gemm crate's register block.
+        let u = b.param(&[2, 20, 16], dt);
+        outs.push(b.op(Op::MatMul, &[u, wt]));
+        let with_bias: Vec<NodeId> = outs.iter().map(|&o| b.bin(BinaryOp::Add, o, bias)).collect();
+        check_default(&b.out(&with_bias));
+    }
+}
+
+#[test]
+fn a_large_linear_layer_splits_its_columns_and_matches() {
+    // Enough multiply-adds for the product to run on every core, and an
+    // output width (200) that splits into column blocks with a ragged last.
+    let mut b = B::default();
+    let x = b.param(&[130, 64], DType::F32);
+    let w = b.param(&[200, 64], DType::F32);
+    let wt = transpose(&mut b, w);
+    let y = b.op(Op::MatMul, &[x, wt]);
+    check_default(&b.out(&[y]));
+}
+
+#[test]
 fn attention_head_split_is_read_in_place() {
     let (bt, s, h, d) = (2, 16, 4, 8);
     let mut b = B::default();

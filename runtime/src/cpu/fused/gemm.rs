@@ -217,23 +217,37 @@ fn gemm_batched(
     });
     let (ra, ca) = (sta[sta.len() - 2], sta[sta.len() - 1]);
     let (rb, cb) = (stb[stb.len() - 2], stb[stb.len() - 1]);
-    let one = |d: &mut [f32], (pa, pb): (usize, usize), par: Parallelism| {
+    // A transposed rhs (a weight read through `w.t()`, as `F.linear` reads
+    // it) goes to `matrixmultiply`, which packs it at memory speed; the
+    // `gemm` crate packs that layout one strided scalar at a time (38% of
+    // the fused mlp_block's time under perf). `gemm_table` measured
+    // matrixmultiply faster on every `nt` shape and `gemm` on the others
+    // (docs/results/gemm.md).
+    let transposed_rhs = rb == 1 && cb != 1;
+    let one = |d: &mut [f32], rows: usize, (pa, pb): (usize, usize), par: Parallelism| {
         // SAFETY: the views were checked to stay inside their buffers
-        // (`view_geometry`), `d` holds m*n elements written row-major, and
-        // it does not alias the operands.
+        // (`view_geometry`), `d` holds rows*n elements written row-major, and
+        // it does not alias the operands; `rows` is m, or m times the batches
+        // of a folded product whose lhs rows continue at stride `ra` (checked
+        // by `folded_rows`).
         unsafe {
+            let (xp, yp) = (x.as_ptr().add(pa), y.as_ptr().add(pb));
+            if transposed_rhs {
+                sgemm_by_columns(d, (rows, k, n), (xp, ra, ca), (yp, rb, cb), par);
+                return;
+            }
             gemm::gemm(
-                m,
+                rows,
                 n,
                 k,
                 d.as_mut_ptr(),
                 1,
                 n as isize,
                 false,
-                x.as_ptr().add(pa),
+                xp,
                 ca as isize,
                 ra as isize,
-                y.as_ptr().add(pb),
+                yp,
                 cb as isize,
                 rb as isize,
                 0.0f32,
@@ -245,5 +259,129 @@ fn gemm_batched(
             )
         }
     };
-    crate::cpu::matmul::for_each_batch(dst, &offsets, (m, k, n), one);
+    if let Some(rows) = folded_rows(&offsets, m, ra) {
+        crate::cpu::matmul::for_each_batch(dst, &[offsets[0]], (rows, k, n), |d, o, par| {
+            one(d, rows, o, par)
+        });
+        return;
+    }
+    crate::cpu::matmul::for_each_batch(dst, &offsets, (m, k, n), |d, o, par| one(d, m, o, par));
+}
+
+/// Columns of the output per task of [`sgemm_by_columns`]: a multiple of
+/// matrixmultiply's register block, so that only the last task has a ragged
+/// edge.
+const COLUMN_BLOCK: usize = 64;
+
+/// A pointer that crosses to the rayon tasks of one product.
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*const T);
+// SAFETY: the tasks of `sgemm_by_columns` read the operands and write
+// disjoint columns of the output while the caller waits for them.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so that closures capture the whole wrapper and
+    /// not its field).
+    fn get(self) -> *const T {
+        self.0
+    }
+}
+
+/// `d[rows, n] = x[rows, k] @ y[k, n]` (strided operands given as pointer,
+/// row stride, column stride) with `matrixmultiply`, its columns split over
+/// the cores under `Parallelism::Rayon`: each task packs its own columns of
+/// `y` (the large operand of a linear layer) and writes its own columns of
+/// `d`, so no work is repeated. matrixmultiply runs single-threaded here
+/// (no `threading` feature), so the only threads are the backend's rayon
+/// pool, which survives `fork` (`crate::cpu::pool`).
+///
+/// # Safety
+/// `x` and `y` must address `rows x k` and `k x n` elements with the strides
+/// given, `d` must hold `rows * n` elements and alias neither.
+unsafe fn sgemm_by_columns(
+    d: &mut [f32],
+    (rows, k, n): (usize, usize, usize),
+    (x, ra, ca): (*const f32, usize, usize),
+    (y, rb, cb): (*const f32, usize, usize),
+    par: Parallelism,
+) {
+    debug_assert!(d.len() >= rows * n);
+    let (x, y, out) = (SendPtr(x), SendPtr(y), SendPtr(d.as_mut_ptr() as *const f32));
+    let columns = move |j0: usize, j1: usize| {
+        // SAFETY: columns j0..j1 of the output and of y are inside the
+        // regions the caller vouched for; tasks own disjoint column ranges.
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                k,
+                j1 - j0,
+                1.0,
+                x.get(),
+                ra as isize,
+                ca as isize,
+                y.get().add(j0 * cb),
+                rb as isize,
+                cb as isize,
+                0.0,
+                (out.get() as *mut f32).add(j0),
+                n as isize,
+                1,
+            )
+        }
+    };
+    let tasks = match par {
+        Parallelism::Rayon(_) => rayon::current_num_threads().min(n.div_ceil(COLUMN_BLOCK)),
+        _ => 1,
+    };
+    if tasks <= 1 {
+        columns(0, n);
+        return;
+    }
+    let width = n.div_ceil(tasks).div_ceil(COLUMN_BLOCK) * COLUMN_BLOCK;
+    use rayon::prelude::*;
+    (0..n.div_ceil(width))
+        .into_par_iter()
+        .for_each(|t| columns(t * width, ((t + 1) * width).min(n)));
+}
+
+/// The rows of one product that does the work of every batch, when every
+/// batch multiplies the same rhs matrix and the lhs matrices follow one
+/// another at the lhs row stride (a linear layer over `[batch, seq, in]`, a
+/// batch folded into m): `batches * m`. One large product packs the rhs once
+/// and splits its rows over the cores, where one product per batch would pack
+/// the rhs again for each and split small products.
+fn folded_rows(offsets: &[(usize, usize)], m: usize, row_stride: usize) -> Option<usize> {
+    let (&(a0, b0), rest) = offsets.split_first()?;
+    if rest.is_empty() || row_stride == 0 {
+        return None;
+    }
+    let step = m.checked_mul(row_stride)?;
+    let follows = offsets.iter().enumerate().all(|(t, &(a, b))| {
+        b == b0 && t.checked_mul(step).and_then(|o| o.checked_add(a0)) == Some(a)
+    });
+    follows.then(|| m * offsets.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::folded_rows;
+
+    #[test]
+    fn batches_fold_into_rows_only_over_one_rhs_and_continuing_lhs_rows() {
+        // [3, 4, k] row-major (row stride 8) times one rhs: 12 rows.
+        assert_eq!(folded_rows(&[(0, 5), (32, 5), (64, 5)], 4, 8), Some(12));
+        // A different rhs per batch.
+        assert_eq!(folded_rows(&[(0, 0), (32, 40)], 4, 8), None);
+        // A gap between the lhs matrices (a slice of a larger batch).
+        assert_eq!(folded_rows(&[(0, 0), (40, 0)], 4, 8), None);
+        // A broadcast lhs (every batch reads the same matrix).
+        assert_eq!(folded_rows(&[(0, 0), (0, 0)], 4, 8), None);
+        // A transposed lhs (rows at stride 1, columns at stride m): the
+        // batches do not continue its rows.
+        assert_eq!(folded_rows(&[(0, 0), (32, 0)], 4, 1), None);
+        // One batch: nothing to fold.
+        assert_eq!(folded_rows(&[(0, 0)], 4, 8), None);
+    }
 }
