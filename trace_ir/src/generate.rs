@@ -536,9 +536,11 @@ mod tests {
     #[test]
     fn any_bytes_give_a_valid_trace() {
         for seed in 0..500u64 {
-            let data: Vec<u8> = (0..200)
+            let data: Vec<u8> = (0..200u64)
                 .map(|i| {
-                    (seed.wrapping_mul(6364136223846793005).wrapping_add(i * 1442695040888963407)
+                    (seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(i.wrapping_mul(1442695040888963407))
                         >> 33) as u8
                 })
                 .collect();

@@ -55,12 +55,7 @@ impl Trace {
     }
 
     pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
-        if let Some(&bad) = inputs.iter().find(|&&i| i >= self.nodes.len()) {
-            return Err(Error::InvalidTrace(format!(
-                "{}: input node {bad} does not exist",
-                op.name()
-            )));
-        }
+        self.check_inputs(&op, inputs)?;
         let metas: SmallVec<[&Meta; 3]> = inputs.iter().map(|&i| &self.nodes[i].meta).collect();
         let meta = infer(&op, &metas)?;
         drop(metas);
@@ -72,18 +67,23 @@ impl Trace {
     /// output of `op` on these inputs' metas (the engine infers it at the op
     /// call, to raise shape errors there): the trace does not infer it again.
     pub fn push_inferred(&mut self, op: Op, inputs: &[NodeId], meta: Meta) -> Result<NodeId> {
-        if let Some(&bad) = inputs.iter().find(|&&i| i >= self.nodes.len()) {
-            return Err(Error::InvalidTrace(format!(
-                "{}: input node {bad} does not exist",
-                op.name()
-            )));
-        }
+        self.check_inputs(&op, inputs)?;
         debug_assert_eq!(
             infer(&op, &inputs.iter().map(|&i| &self.nodes[i].meta).collect::<Vec<_>>()).ok(),
             Some(meta.clone())
         );
         self.nodes.push(Node { op, inputs: inputs.into(), meta });
         Ok(self.nodes.len() - 1)
+    }
+
+    /// Every input of `op` is a node of this trace.
+    fn check_inputs(&self, op: &Op, inputs: &[NodeId]) -> Result<()> {
+        match inputs.iter().find(|&&i| i >= self.nodes.len()) {
+            Some(&bad) => {
+                Err(Error::InvalidTrace(format!("{}: input node {bad} does not exist", op.name())))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Adds the next runtime input.
