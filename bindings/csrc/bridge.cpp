@@ -1,14 +1,17 @@
-// The Python side of the C++ layer: `deferfuse._tpu_bridge`, three functions
-// on the hot path of every op, which would cost several times more through
-// PyTorch's Python API (`torch.empty` parses its arguments and dispatches;
-// a storage's Python object is made on first use).
+// The Python side of the C++ layer: `deferfuse._tpu_bridge`, the functions
+// the Python package calls on the hot path of every op it lowers, which
+// would cost several times more through PyTorch's Python API (`torch.empty`
+// parses its arguments and dispatches; a storage's Python object is made on
+// first use).
 //
-//   new_tensor(shape, dtype, root) -> a contiguous tpu tensor whose storage owns `root`
-//   root(tensor) -> the root of a tpu tensor's storage, or None
+//   install(capsule)                -> reads the engine's C ABI table (once, at import)
+//   new_tensor(shape, dtype, root)  -> a contiguous tpu tensor whose storage owns `root`
+//   root(tensor)                    -> the root of a tpu tensor's storage, or None
 //   set_root(tensor, root)          -> replaces it
-//   whole_value(tensor, context)    -> the root's engine value if `tensor` is all of
-//                                      its root, in the root's dtype, owned by `context`
-//                                      (the hot path of reading an operand), else None
+//   whole_value(tensor, engine)     -> the root's engine value if `tensor` is all of
+//                                      its root, in the root's dtype, of `engine`'s
+//                                      context (the hot path of reading an operand), else None
+//   install_native(ops)             -> registers the native kernels (native.cpp)
 
 #include <Python.h>
 
@@ -16,22 +19,17 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cstring>
 #include <vector>
 
 #include "storage.h"
 
 namespace deferfuse {
-namespace {
 
-void release(void* root) {
-  // Storages die on any thread (autograd's among them) and during shutdown.
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) {
-    return;
-  }
-  PyGILState_STATE gil = PyGILState_Ensure();
-  Py_DECREF(static_cast<PyObject*>(root));
-  PyGILState_Release(gil);
-}
+// native.cpp: registers the C++ kernels of the ops the engine lowers natively.
+PyObject* install_native(PyObject* ops);
+
+namespace {
 
 Block* block_of_tensor(PyObject* obj) {
   if (!THPVariable_Check(obj)) {
@@ -44,9 +42,45 @@ Block* block_of_tensor(PyObject* obj) {
   return block_of(t.storage().data_ptr());
 }
 
+bool ready() {
+  if (engine_api == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "deferfuse: _tpu_bridge.install was not called");
+    return false;
+  }
+  return true;
+}
+
+// A new reference to `root`'s cell, or null with a TypeError.
+const Cell* cell_of(PyObject* root) {
+  const Cell* cell = engine_api->root_from_py(root);
+  if (cell == nullptr) {
+    PyErr_Format(PyExc_TypeError, "deferfuse: expected a Root, got %s", Py_TYPE(root)->tp_name);
+  }
+  return cell;
+}
+
+PyObject* install(PyObject*, PyObject* capsule) {
+  auto* api = static_cast<const EngineApi*>(PyCapsule_GetPointer(capsule, "deferfuse._engine._native_api"));
+  if (api == nullptr) {
+    return nullptr;
+  }
+  if (api->version != kApiVersion) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "deferfuse: the engine's C ABI is version %u, the C++ layer was built for %u; rebuild both "
+                 "(bash .ci/setup_torch)",
+                 api->version, kApiVersion);
+    return nullptr;
+  }
+  engine_api = api;
+  Py_RETURN_NONE;
+}
+
 PyObject* new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyTuple_Check(args[0]) || !THPDtype_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "new_tensor(shape: tuple, dtype: torch.dtype, root)");
+    return nullptr;
+  }
+  if (!ready()) {
     return nullptr;
   }
   const Py_ssize_t rank = PyTuple_GET_SIZE(args[0]);
@@ -61,15 +95,18 @@ PyObject* new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
   }
+  const Cell* cell = cell_of(args[2]);
+  if (cell == nullptr) {
+    return nullptr;
+  }
   try {
     constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
     at::Tensor t = at::detail::empty_generic(sizes, c10::GetAllocator(c10::DeviceType::PrivateUse1), keys,
                                              reinterpret_cast<THPDtype*>(args[1])->scalar_type, std::nullopt);
-    Block* block = block_of(t.storage().data_ptr());
-    Py_INCREF(args[2]);
-    block->root = args[2];
+    block_of(t.storage().data_ptr())->root = cell;
     return THPVariable_Wrap(std::move(t));
   } catch (const std::exception& e) {
+    release_root(cell);
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
@@ -77,9 +114,10 @@ PyObject* new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* root(PyObject*, PyObject* tensor) {
   Block* block = block_of_tensor(tensor);
-  PyObject* r = block == nullptr || block->root == nullptr ? Py_None : static_cast<PyObject*>(block->root);
-  Py_INCREF(r);
-  return r;
+  if (block == nullptr || block->root == nullptr) {
+    Py_RETURN_NONE;
+  }
+  return ready() ? engine_api->root_to_py(block->root) : nullptr;
 }
 
 PyObject* set_root(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -92,81 +130,48 @@ PyObject* set_root(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_RuntimeError, "deferfuse: set_root of a tensor that is not a tpu tensor");
     return nullptr;
   }
-  Py_INCREF(args[1]);
-  PyObject* old = static_cast<PyObject*>(block->root);
-  block->root = args[1];
-  Py_XDECREF(old);
+  if (!ready()) {
+    return nullptr;
+  }
+  const Cell* cell = cell_of(args[1]);
+  if (cell == nullptr) {
+    return nullptr;
+  }
+  const Cell* old = block->root;
+  block->root = cell;
+  release_root(old);
   Py_RETURN_NONE;
-}
-
-// Attribute names of `_handles.Root`, interned once.
-PyObject* name_owner = nullptr;
-PyObject* name_dtype = nullptr;
-PyObject* name_shape = nullptr;
-PyObject* name_value = nullptr;
-
-// Borrowed-reference result of an attribute read, or null (with no error set).
-struct Attr {
-  explicit Attr(PyObject* obj, PyObject* name) : ref(PyObject_GetAttr(obj, name)) {
-    if (ref == nullptr) {
-      PyErr_Clear();
-    }
-  }
-  ~Attr() { Py_XDECREF(ref); }
-  PyObject* ref;
-};
-
-bool same_sizes(PyObject* shape, c10::IntArrayRef sizes) {
-  if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != static_cast<Py_ssize_t>(sizes.size())) {
-    return false;
-  }
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)) != sizes[i]) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
 }
 
 PyObject* whole_value(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "whole_value(tensor, context)");
+    PyErr_SetString(PyExc_TypeError, "whole_value(tensor, engine)");
     return nullptr;
   }
   Block* block = block_of_tensor(args[0]);
-  if (block == nullptr || block->root == nullptr) {
+  if (block == nullptr || block->root == nullptr || engine_api == nullptr) {
     Py_RETURN_NONE;
   }
   const at::Tensor& t = THPVariable_Unpack(args[0]);
   if (t.storage_offset() != 0 || !t.is_contiguous()) {
     Py_RETURN_NONE;
   }
-  auto* root = static_cast<PyObject*>(block->root);
-  Attr owner(root, name_owner);
-  if (owner.ref != args[1]) {
-    Py_RETURN_NONE;
-  }
-  Attr dtype(root, name_dtype);
-  if (dtype.ref == nullptr || !THPDtype_Check(dtype.ref) ||
-      reinterpret_cast<THPDtype*>(dtype.ref)->scalar_type != t.scalar_type()) {
-    Py_RETURN_NONE;
-  }
-  Attr shape(root, name_shape);
-  if (shape.ref == nullptr || !same_sizes(shape.ref, t.sizes())) {
-    Py_RETURN_NONE;
-  }
-  PyObject* value = PyObject_GetAttr(root, name_value);
+  PyObject* value = engine_api->whole_value(block->root, args[1], t.sizes().data(),
+                                            static_cast<uint32_t>(t.dim()), static_cast<int8_t>(t.scalar_type()));
   if (value == nullptr) {
-    PyErr_Clear();
     Py_RETURN_NONE;
   }
   return value;
 }
 
+PyObject* install_native_py(PyObject*, PyObject* ops) { return install_native(ops); }
+
 PyMethodDef methods[] = {
+    {"install", &install, METH_O, "Reads the engine's C ABI table from its capsule."},
+    {"install_native", &install_native_py, METH_O,
+     "Registers the native kernels: a list of (aten name, native op id, Python kernel)."},
     {"whole_value", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&whole_value)), METH_FASTCALL,
-     "The root's value if the tensor is all of its root in the given context, else None."},
+     "The root's value if the tensor is all of its root in the given engine's context, else None."},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&new_tensor)), METH_FASTCALL,
      "A contiguous tpu tensor whose storage owns root."},
     {"root", &root, METH_O, "The root of a tpu tensor's storage, or None."},
@@ -180,11 +185,4 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tpu_bridge", "The C++ layer's hot
 }  // namespace
 }  // namespace deferfuse
 
-PyMODINIT_FUNC PyInit__tpu_bridge() {
-  deferfuse::release_root = &deferfuse::release;
-  deferfuse::name_owner = PyUnicode_InternFromString("owner");
-  deferfuse::name_dtype = PyUnicode_InternFromString("dtype");
-  deferfuse::name_shape = PyUnicode_InternFromString("shape");
-  deferfuse::name_value = PyUnicode_InternFromString("value");
-  return PyModule_Create(&deferfuse::module);
-}
+PyMODINIT_FUNC PyInit__tpu_bridge() { return PyModule_Create(&deferfuse::module); }

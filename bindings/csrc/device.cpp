@@ -7,17 +7,18 @@
 //   torch.Tensor ── TensorImpl (sizes, strides, storage_offset: PyTorch's own)
 //                      │
 //                   StorageImpl (nbytes = the true byte size of the buffer)
-//                      │                        │
-//                   DataPtr ── Block            └── its Python object carries the
-//                   (device tpu:0)  (byte count       engine value (`_handles.Root`):
-//                                    for the          one contiguous engine buffer
-//                                    accounting)      of nbytes / itemsize elements
+//                      │
+//                   DataPtr (tpu:0) ── Block: the byte count, for the accounting,
+//                                      and the root: the engine's cell (Python's
+//                                      `_handles.Root`), one contiguous engine
+//                                      buffer of nbytes / itemsize elements
 //
 // Views are ordinary PyTorch views: the kernels below are PyTorch's own
 // metadata kernels, so sizes, strides and storage offsets are exactly
-// CPU's. Every other aten op reaches the Python lowerings through the
-// dispatcher (per-op Python kernels and a boxed fallback), which read a
-// view as an engine strided view of its storage's value.
+// CPU's. The ops of the hot path run in native.cpp, straight into the
+// engine; every other aten op (and a hot op with arguments the native
+// lowering does not cover) reaches the Python lowerings through the
+// dispatcher, which read a view as an engine strided view of its storage's value.
 //
 // The DataPtr points at host bytes that nothing reads: PyTorch's generic
 // code (resize_ copies the old bytes to the new block) may touch them, so
@@ -69,9 +70,7 @@ void free_block(void* ctx) {
     byte_stat.decrease(block->nbytes);
     allocation_stat.decrease(1);
   }
-  if (block->root != nullptr && release_root != nullptr) {
-    release_root(block->root);
-  }
+  release_root(block->root);
   std::free(block->host);
   delete block;
 }
@@ -130,7 +129,7 @@ struct EngineAllocator final : c10::DeviceAllocator {
 EngineAllocator allocator;
 }  // namespace
 
-void (*release_root)(void* root) = nullptr;
+const EngineApi* engine_api = nullptr;
 
 Block* block_of(const c10::DataPtr& data) {
   return data.get_deleter() == &free_block ? static_cast<Block*>(data.get_context()) : nullptr;
@@ -205,14 +204,14 @@ struct KeepRoot {
     Block* now = block_of(storage_.data_ptr());
     if (now != nullptr && now->root == nullptr) {
       now->root = root_;
-    } else if (root_ != nullptr && release_root != nullptr) {
+    } else {
       release_root(root_);
     }
   }
 
  private:
   const c10::Storage& storage_;
-  void* root_ = nullptr;
+  const Cell* root_ = nullptr;
 };
 
 const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,

@@ -7,6 +7,8 @@
 mod config;
 mod engine;
 mod host;
+mod native;
+mod root;
 mod tensor;
 
 use pyo3::create_exception;
@@ -35,6 +37,10 @@ pub(crate) fn to_py(e: deferfuse::Error) -> PyErr {
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyTensor>()?;
+    m.add_class::<root::PyRoot>()?;
+    m.add_function(wrap_pyfunction!(native::set_current, m)?)?;
+    m.add_function(wrap_pyfunction!(native::native_ops, m)?)?;
+    m.add("_native_api", native::abi::capsule(m.py())?)?;
     m.add("EngineError", m.py().get_type::<EngineError>())?;
     m.add_function(wrap_pyfunction!(config::env_config, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_mode, m)?)?;

@@ -46,6 +46,55 @@ fn operand(value: &Bound<'_, PyAny>) -> PyResult<ScalarOrTensor> {
     )))
 }
 
+/// The engine's unary op `name` (None for an unknown name). Python's
+/// `Tensor.unary` and the native kernels share this table.
+pub fn unary_op(t: &Tensor, name: &str) -> Option<deferfuse::Result<Tensor>> {
+    Some(match name {
+        "neg" => t.neg(),
+        "abs" => t.abs(),
+        "exp" => t.exp(),
+        "log" => t.log(),
+        "sqrt" => t.sqrt(),
+        "rsqrt" => t.rsqrt(),
+        "reciprocal" => t.reciprocal(),
+        "tanh" => t.tanh(),
+        "sigmoid" => t.sigmoid(),
+        "relu" => t.relu(),
+        "silu" => t.silu(),
+        "sin" => t.sin(),
+        "cos" => t.cos(),
+        "floor" => t.floor(),
+        "sign" => t.sign(),
+        "logical_not" => t.logical_not(),
+        "gelu" => t.gelu(GeluApproximation::None),
+        "gelu_tanh" => t.gelu(GeluApproximation::Tanh),
+        _ => return None,
+    })
+}
+
+/// The engine's binary op `name` (None for an unknown name), shared as
+/// [`unary_op`] is.
+pub fn binary_op(t: &Tensor, name: &str, rhs: ScalarOrTensor) -> Option<deferfuse::Result<Tensor>> {
+    Some(match name {
+        "add" => t.add(rhs),
+        "sub" => t.sub(rhs),
+        "mul" => t.mul(rhs),
+        "div" => t.div(rhs),
+        "pow" => t.pow(rhs),
+        "maximum" => t.maximum(rhs),
+        "minimum" => t.minimum(rhs),
+        "eq" => t.eq(rhs),
+        "ne" => t.ne(rhs),
+        "lt" => t.lt(rhs),
+        "le" => t.le(rhs),
+        "gt" => t.gt(rhs),
+        "ge" => t.ge(rhs),
+        "logical_and" => t.logical_and(rhs),
+        "logical_or" => t.logical_or(rhs),
+        _ => return None,
+    })
+}
+
 #[pymethods]
 impl PyTensor {
     #[getter]
@@ -69,50 +118,17 @@ impl PyTensor {
     }
 
     fn unary(&self, name: &str) -> R {
-        let t = &self.inner;
-        wrap(match name {
-            "neg" => t.neg(),
-            "abs" => t.abs(),
-            "exp" => t.exp(),
-            "log" => t.log(),
-            "sqrt" => t.sqrt(),
-            "rsqrt" => t.rsqrt(),
-            "reciprocal" => t.reciprocal(),
-            "tanh" => t.tanh(),
-            "sigmoid" => t.sigmoid(),
-            "relu" => t.relu(),
-            "silu" => t.silu(),
-            "sin" => t.sin(),
-            "cos" => t.cos(),
-            "floor" => t.floor(),
-            "sign" => t.sign(),
-            "logical_not" => t.logical_not(),
-            "gelu" => t.gelu(GeluApproximation::None),
-            "gelu_tanh" => t.gelu(GeluApproximation::Tanh),
-            other => return Err(PyValueError::new_err(format!("unknown unary op {other:?}"))),
-        })
+        match unary_op(&self.inner, name) {
+            Some(t) => wrap(t),
+            None => Err(PyValueError::new_err(format!("unknown unary op {name:?}"))),
+        }
     }
 
     fn binary(&self, name: &str, rhs: &Bound<'_, PyAny>) -> R {
-        let (t, rhs) = (&self.inner, operand(rhs)?);
-        wrap(match name {
-            "add" => t.add(rhs),
-            "sub" => t.sub(rhs),
-            "mul" => t.mul(rhs),
-            "div" => t.div(rhs),
-            "pow" => t.pow(rhs),
-            "maximum" => t.maximum(rhs),
-            "minimum" => t.minimum(rhs),
-            "eq" => t.eq(rhs),
-            "ne" => t.ne(rhs),
-            "lt" => t.lt(rhs),
-            "le" => t.le(rhs),
-            "gt" => t.gt(rhs),
-            "ge" => t.ge(rhs),
-            "logical_and" => t.logical_and(rhs),
-            "logical_or" => t.logical_or(rhs),
-            other => return Err(PyValueError::new_err(format!("unknown binary op {other:?}"))),
-        })
+        match binary_op(&self.inner, name, operand(rhs)?) {
+            Some(t) => wrap(t),
+            None => Err(PyValueError::new_err(format!("unknown binary op {name:?}"))),
+        }
     }
 
     /// `self ? on_true : on_false` (self is the condition).

@@ -18,6 +18,11 @@ impl Context {
 }
 
 impl Tensor {
+    /// True when this tensor is a value of `ctx` (no import needed).
+    pub fn belongs_to(&self, ctx: &Context) -> bool {
+        std::sync::Arc::ptr_eq(&self.ctx, &ctx.shared)
+    }
+
     /// This value as a tensor of `ctx`. It is the same tensor when it already
     /// belongs there; otherwise it is materialized and, when both contexts run
     /// on the same kind of backend, its buffer is shared without a copy (host

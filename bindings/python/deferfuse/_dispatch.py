@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _handles, _state
+from . import _engine, _handles, _native, _state
 from . import lowerings as _lowerings
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
@@ -583,9 +583,17 @@ def register() -> None:
 
     done: set[str] = set()
     decompositions = _decompositions()
+    # Ops with a C++ kernel that runs them in the engine without Python
+    # (bindings/src/native/ops.rs); their Python kernels below become what
+    # that kernel runs for arguments it does not cover.
+    native = {name: i for i, name in enumerate(_engine.native_ops())}
+    python_kernels: dict[str, Callable[..., Any]] = {}
 
     def impl(name: str, fn: Callable[..., Any]) -> None:
-        lib.impl(name[: -len(".default")] if name.endswith(".default") else name, fn, "PrivateUse1")
+        if name in native or f"{name}.default" in native:
+            python_kernels[name if "." in name else f"{name}.default"] = fn
+        else:
+            lib.impl(_short(name), fn, "PrivateUse1")
         done.add(name)
 
     impl("_copy_from", copy_from)
@@ -672,4 +680,24 @@ def register() -> None:
         if _has_kernel(qualified, "CPU") and not _has_kernel(qualified, "CompositeExplicitAutograd"):
             impl(key, (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op))
 
+    _install_native(native, python_kernels)
     fallback_lib.fallback(lambda op, *a, **k: cpu_fallback(op, *a, **k), "PrivateUse1")
+
+
+def _short(name: str) -> str:
+    """`neg.default` as the dispatcher registers it: `neg`."""
+    return name[: -len(".default")] if name.endswith(".default") else name
+
+
+def _install_native(native: dict[str, int], python_kernels: dict[str, Callable[..., Any]]) -> None:
+    """Registers the C++ kernels of the natively lowered ops, each with its
+    Python kernel (or the CPU fallback) for the arguments it leaves to Python."""
+    ops = []
+    for name, index in native.items():
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is None or _has_kernel(op.name(), "CompositeImplicitAutograd"):
+            continue  # not in this torch, or a decomposition autograd differentiates
+        kernel = python_kernels.get(name) or (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op)
+        ops.append((_short(name), index, kernel))
+    _native.bridge().install_native(ops)

@@ -36,32 +36,19 @@ Spec = tuple[tuple[int, ...], tuple[int, ...], int]
 _bridge = _native.bridge()
 #: The root of a tpu tensor's storage, or None (also for tensors of other devices).
 stored_root = _bridge.root
-#: `t`'s root's value if `t` is all of its root, in its dtype, owned by the given context; else None.
+#: `t`'s root's value if `t` is all of its root, in its dtype, of the given engine's context; else None.
 whole_value = _bridge.whole_value
 #: The calling thread's mode and context (`_local.current` is the hot path's read).
 _local = _state.local
 
 
-class Root:
-    """The value of one storage: an engine tensor, or a CPU tensor for dtypes
-    the engine does not have (float64, int8, complex, ...). `shape`, `dtype`
-    and `owner` (the engine context of the value) are kept beside it so the
-    hot path needs no call into the engine."""
-
-    __slots__ = ("value", "shape", "dtype", "owner")
-
-    def __init__(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
-        self.set(value, shape)
-
-    def set(self, value: Value, shape: tuple[int, ...] | None = None) -> None:
-        self.value = value
-        self.shape = tuple(value.shape) if shape is None else shape
-        if type(value) is _engine.Tensor:
-            self.dtype = TO_TORCH[value.dtype]
-            self.owner = _local.current
-        else:
-            self.dtype = value.dtype
-            self.owner = None
+#: The value of one storage (the Rust class `deferfuse._engine.Root`): an
+#: engine tensor, or a CPU tensor for dtypes the engine does not have
+#: (float64, int8, complex, ...), with its `shape` and `dtype`;
+#: `owned_by(engine)` says whether the value is an engine tensor of that
+#: engine's context. `set(value, shape=None)` replaces it. The C++ kernels
+#: of the hot path read and replace the same value without Python.
+Root = _engine.Root
 
 
 def root_of(t: torch.Tensor) -> Root:
@@ -111,9 +98,11 @@ def _covers(t: torch.Tensor, root: Root) -> bool:
 def _current(root: Root) -> Value:
     """The root's value, moved into the current mode's context if needed."""
     eng = _state.engine()
-    if type(root.value) is _engine.Tensor and root.owner is not eng:
-        root.set(eng.adopt(root.value), root.shape)
-    return root.value
+    value = root.value
+    if type(value) is _engine.Tensor and not root.owned_by(eng):
+        value = eng.adopt(value)
+        root.set(value, root.shape)
+    return value
 
 
 def spec_of(t: torch.Tensor) -> Spec:
@@ -124,8 +113,8 @@ def read(t: torch.Tensor, root: Root | None = None) -> Value:
     """The value of `t`: an engine tensor of `t`'s shape, or a CPU tensor."""
     if root is None:
         root = root_of(t)
-    if root.owner is _local.current and _is_whole(t, root):
-        return root.value  # the hot path: a whole root in the current mode
+    if root.owned_by(_local.current) and _is_whole(t, root):
+        return root.value  # a whole root in the current mode
     v = _current(root)
     if t.dtype is not root.dtype:
         _state.count_fallback("aten::view.dtype (read of a view of another dtype)")

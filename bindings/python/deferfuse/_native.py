@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from . import _state
+from . import _engine, _state
 from ._engine import EngineError
 
 _HERE = Path(__file__).resolve().parent
@@ -90,8 +90,9 @@ def load() -> ctypes.CDLL:
 
 
 def bridge() -> ModuleType:
-    """The library's Python functions (`new_tensor`, `root`, `set_root`), as
-    the extension module `deferfuse._tpu_bridge` (the same loaded library)."""
+    """The library's Python functions (`new_tensor`, `root`, `set_root`,
+    `install_native`, ...), as the extension module `deferfuse._tpu_bridge`
+    (the same loaded library), connected to the engine's C ABI."""
     global _bridge
     if _bridge is None:
         load()
@@ -100,6 +101,7 @@ def bridge() -> ModuleType:
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
+        module.install(_engine._native_api)
         _bridge = module
     return _bridge
 

@@ -45,12 +45,18 @@ _UNSET = _Unset()
 
 
 class _ThreadState(threading.local):
-    """The calling thread's mode and its context. `current` is what the hot
-    path reads (one attribute of a thread-local)."""
+    """The calling thread's mode and its context. `current` is what the
+    Python lowerings read (one attribute of a thread-local); set it with
+    `_use`, which also tells the engine, whose C++ kernels read it there."""
 
     def __init__(self) -> None:
         self.mode = _default_mode
-        self.current: _engine.Engine | _Unset = _engines.get(_default_mode, _UNSET)
+        _use(self, _engines.get(_default_mode, _UNSET))
+
+
+def _use(state: _ThreadState, eng: _engine.Engine | _Unset) -> None:
+    state.current = eng
+    _engine.set_current(eng)
 
 
 local = _ThreadState()
@@ -71,7 +77,8 @@ def engine() -> _engine.Engine:
     """The context of the calling thread's mode (created on first use)."""
     eng = local.current
     if eng is _UNSET:
-        eng = local.current = engine_for(local.mode)
+        eng = engine_for(local.mode)
+        _use(local, eng)
     return eng
 
 
@@ -83,7 +90,7 @@ def init_from_env() -> None:
     config = _engine.env_config()
     _default_mode = config["mode"]
     local.mode = _default_mode
-    local.current = _UNSET
+    _use(local, _UNSET)
 
 
 def config() -> dict:
@@ -106,7 +113,7 @@ def set_mode(mode: str) -> None:
         if not isinstance(old, _Unset):
             old.sync()
         local.mode = new
-        local.current = engine_for(new)
+        _use(local, engine_for(new))
 
 
 @contextlib.contextmanager
@@ -165,7 +172,7 @@ def _after_fork_in_child() -> None:
     # A lock another thread held at the fork stays locked in the child forever.
     _lock = threading.Lock()
     # Only the forking thread exists in the child; it keeps its mode.
-    local.current = _UNSET
+    _use(local, _UNSET)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -1,0 +1,461 @@
+//! The native lowerings, one table. Each kernel makes the engine calls of
+//! its Python twin in `deferfuse/lowerings/` for the arguments it accepts,
+//! and answers `None` (run the Python lowering) for the rest; the forms
+//! below derive in-place (`foo_`) and `_foreach_foo` ops from them, as the
+//! Python side derives them (`_dispatch.inplace_kernel`, `foreach_kernel`).
+
+use deferfuse::{Context, DType, Result, Scalar, ScalarOrTensor, Tensor};
+
+use super::{Done, Operand, Outcome, Ret, A};
+use crate::root::{from_scalar_type, Cell};
+use crate::tensor::{binary_op, unary_op};
+
+/// A functional kernel: the op's value, or `None` when not handled.
+type Kernel = fn(&Context, &[A<'_>]) -> Result<Option<Tensor>>;
+type Run = for<'a> fn(&Context, &[A<'a>]) -> Outcome<'a>;
+
+pub struct NativeOp {
+    /// The aten overload, as the Python registry names it (`mul.Tensor`, `neg.default`).
+    pub name: &'static str,
+    pub run: Run,
+}
+
+fn arg<'x, 'a>(a: &'x [A<'a>], i: usize) -> &'x A<'a> {
+    a.get(i).unwrap_or(&A::None)
+}
+
+fn tensor<'x>(a: &'x [A<'_>], i: usize) -> Option<&'x Tensor> {
+    arg(a, i).tensor()
+}
+
+fn is_float(t: &Tensor) -> bool {
+    matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// `other * alpha` as Python's `_alpha` computes it (a scalar `other` with
+/// a non-unit `alpha` is left to Python).
+fn scaled(other: &A<'_>, alpha: &A<'_>) -> Result<Option<ScalarOrTensor>> {
+    if alpha.is_one() {
+        return Ok(other.operand());
+    }
+    match (other, alpha.scalar()) {
+        (A::Tensor(o), Some(alpha)) => {
+            Ok(Some(ScalarOrTensor::Tensor(o.value.mul(ScalarOrTensor::Scalar(alpha))?)))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn binary(name: &str, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), Some(y)) = (tensor(a, 0), arg(a, 1).operand()) else {
+        return Ok(None);
+    };
+    // Python turns bool mul/maximum/minimum into logical ops.
+    if matches!(name, "mul" | "maximum" | "minimum") && arg(a, 0).is_bool() && arg(a, 1).is_bool() {
+        return Ok(None);
+    }
+    binary_op(x, name, y).transpose()
+}
+
+macro_rules! binaries {
+    ($($f:ident = $name:literal),* $(,)?) => {$(
+        fn $f(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+            binary($name, a)
+        }
+    )*};
+}
+binaries!(mul = "mul", div = "div", maximum = "maximum", minimum = "minimum", eq = "eq", ne = "ne");
+binaries!(lt = "lt", le = "le", gt = "gt", ge = "ge");
+
+fn add(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some(x) = tensor(a, 0) else { return Ok(None) };
+    if arg(a, 0).is_bool() && arg(a, 1).is_bool() {
+        return Ok(None);
+    }
+    let Some(y) = scaled(arg(a, 1), arg(a, 2))? else { return Ok(None) };
+    x.add(y).map(Some)
+}
+
+fn sub(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some(x) = tensor(a, 0) else { return Ok(None) };
+    if x.dtype() == DType::Bool {
+        return Ok(None);
+    }
+    let Some(y) = scaled(arg(a, 1), arg(a, 2))? else { return Ok(None) };
+    x.sub(y).map(Some)
+}
+
+fn unary(name: &str, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match tensor(a, 0) {
+        Some(x) => unary_op(x, name).transpose(),
+        None => Ok(None),
+    }
+}
+
+macro_rules! unaries {
+    ($($f:ident = $name:literal),* $(,)?) => {$(
+        fn $f(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+            unary($name, a)
+        }
+    )*};
+}
+unaries!(abs = "abs", neg = "neg", exp = "exp", log = "log", sqrt = "sqrt", rsqrt = "rsqrt");
+unaries!(
+    reciprocal = "reciprocal",
+    tanh = "tanh",
+    sigmoid = "sigmoid",
+    relu = "relu",
+    silu = "silu"
+);
+unaries!(sin = "sin", cos = "cos", floor = "floor", sign = "sign", logical_not = "logical_not");
+
+fn gelu(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match arg(a, 1) {
+        A::Str("tanh") => unary("gelu_tanh", a),
+        A::Str("none") | A::None => unary("gelu", a),
+        _ => Ok(None),
+    }
+}
+
+fn where_self(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(c), Some(x), Some(y)) = (tensor(a, 0), arg(a, 1).operand(), arg(a, 2).operand())
+    else {
+        return Ok(None);
+    };
+    c.where_cond(x, y).map(Some)
+}
+
+fn addcmul(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), Some(t1), Some(t2)) = (tensor(a, 0), tensor(a, 1), tensor(a, 2)) else {
+        return Ok(None);
+    };
+    let product = A::Tensor(Operand { value: t1.mul(t2)?, whole: None });
+    let Some(y) = scaled(&product, arg(a, 3))? else { return Ok(None) };
+    x.add(y).map(Some)
+}
+
+fn addcdiv(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), Some(t1), Some(t2)) = (tensor(a, 0), tensor(a, 1), tensor(a, 2)) else {
+        return Ok(None);
+    };
+    if !is_float(t1) && !is_float(t2) {
+        return Ok(None);
+    }
+    let quotient = A::Tensor(Operand { value: t1.div(t2)?, whole: None });
+    let Some(y) = scaled(&quotient, arg(a, 3))? else { return Ok(None) };
+    x.add(y).map(Some)
+}
+
+fn lerp(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), Some(end), Some(weight)) = (tensor(a, 0), tensor(a, 1), arg(a, 2).operand())
+    else {
+        return Ok(None);
+    };
+    x.add(end.sub(x)?.mul(weight)?).map(Some)
+}
+
+fn fill(ctx: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let value = match arg(a, 1).scalar() {
+        Some(Scalar::Float(v)) => v,
+        Some(Scalar::Int(v)) => v as f64,
+        Some(Scalar::Bool(v)) => f64::from(u8::from(v)),
+        None => return Ok(None),
+    };
+    // Debug uploads non-finite constants as data (`factories.constant`): Python's path.
+    let Some(x) = tensor(a, 0).filter(|_| value.is_finite()) else { return Ok(None) };
+    ctx.full(value, x.shape(), x.dtype()).map(Some)
+}
+
+fn zero(ctx: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match tensor(a, 0) {
+        Some(x) => ctx.full(0.0, x.shape(), x.dtype()).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn matmul(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    if a.dtype() != b.dtype() || !is_float(a) {
+        return Ok(None);
+    }
+    a.matmul(b).map(Some)
+}
+
+fn mm(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match (tensor(a, 0), tensor(a, 1)) {
+        (Some(x), Some(y)) => matmul(x, y),
+        _ => Ok(None),
+    }
+}
+
+fn addmm(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(bias), Some(m1), Some(m2)) = (tensor(a, 0), tensor(a, 1), tensor(a, 2)) else {
+        return Ok(None);
+    };
+    let Some(product) = matmul(m1, m2)? else { return Ok(None) };
+    let product = A::Tensor(Operand { value: product, whole: None });
+    let Some(ScalarOrTensor::Tensor(product)) = scaled(&product, arg(a, 4))? else {
+        return Ok(None);
+    };
+    let beta = arg(a, 3);
+    if matches!(*beta, A::Int(0) | A::Bool(false)) || matches!(*beta, A::Float(v) if v == 0.0) {
+        return Ok(Some(product));
+    }
+    let bias = A::Tensor(Operand { value: bias.clone(), whole: None });
+    let Some(bias) = scaled(&bias, beta)? else { return Ok(None) };
+    product.add(bias).map(Some)
+}
+
+/// `dim` of a reduction: every axis for None or [].
+fn axes(x: &Tensor, dim: &A<'_>) -> Option<Vec<i64>> {
+    match dim {
+        A::None => Some((0..x.shape().len() as i64).collect()),
+        A::Ints([]) => Some((0..x.shape().len() as i64).collect()),
+        A::Ints(d) => Some(d.to_vec()),
+        _ => None,
+    }
+}
+
+fn sum_dim(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), A::Bool(keepdim), A::None) = (tensor(a, 0), arg(a, 2), arg(a, 3)) else {
+        return Ok(None);
+    };
+    match axes(x, arg(a, 1)) {
+        Some(axes) if !x.shape().is_empty() => x.sum(&axes, *keepdim).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn mean_dim(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), A::Bool(keepdim), A::None) = (tensor(a, 0), arg(a, 2), arg(a, 3)) else {
+        return Ok(None);
+    };
+    let rank = x.shape().len() as i64;
+    let Some(axes) = axes(x, arg(a, 1)) else { return Ok(None) };
+    let empty = axes.iter().any(|&d| {
+        !(-rank..rank).contains(&d) || x.shape()[d.rem_euclid(rank.max(1)) as usize] == 0
+    });
+    if rank == 0 || empty {
+        return Ok(None);
+    }
+    x.mean(&axes, *keepdim).map(Some)
+}
+
+fn softmax_input(a: &[A<'_>]) -> Result<Option<(Tensor, i64)>> {
+    let (Some(x), A::Int(dim), A::Bool(half_to_float)) = (tensor(a, 0), arg(a, 1), arg(a, 2))
+    else {
+        return Ok(None);
+    };
+    if x.shape().is_empty() {
+        return Ok(None);
+    }
+    let x = if *half_to_float { x.to_dtype(DType::F32)? } else { x.clone() };
+    Ok(Some((x, *dim)))
+}
+
+fn softmax(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match softmax_input(a)? {
+        Some((x, dim)) => x.softmax(dim).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn log_softmax(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match softmax_input(a)? {
+        Some((x, dim)) => x.log_softmax(dim).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// `(grad_output, output, dim, input_dtype)` of the softmax backward ops.
+fn softmax_grad_args<'x>(a: &'x [A<'_>]) -> Option<(&'x Tensor, &'x Tensor, i64, DType)> {
+    let (Some(g), Some(y), A::Int(dim), A::Int(dtype)) =
+        (tensor(a, 0), tensor(a, 1), arg(a, 2), arg(a, 3))
+    else {
+        return None;
+    };
+    let dtype = from_scalar_type(i8::try_from(*dtype).ok()?)?;
+    (!y.shape().is_empty()).then_some((g, y, *dim, dtype))
+}
+
+fn softmax_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some((grad, out, dim, dtype)) = softmax_grad_args(a) else { return Ok(None) };
+    let g = grad.mul(out)?;
+    g.sub(out.mul(g.sum(&[dim], true)?)?)?.to_dtype(dtype).map(Some)
+}
+
+fn log_softmax_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some((grad, out, dim, dtype)) = softmax_grad_args(a) else { return Ok(None) };
+    let total = grad.sum(&[dim], true)?;
+    grad.sub(out.exp()?.mul(total)?)?.to_dtype(dtype).map(Some)
+}
+
+// ---- forms -------------------------------------------------------------------------
+
+fn functional<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    Ok(f(ctx, a)?.map(|t| Done { outs: vec![Ret::Fresh(t)], writes: vec![] }))
+}
+
+/// PyTorch's `can_cast` between engine dtypes: never to a lower category
+/// (float > integer > bool).
+fn can_cast(from: DType, to: DType) -> bool {
+    let category = |d: DType| match d {
+        DType::Bool => 0,
+        DType::I32 | DType::I64 => 1,
+        DType::F32 | DType::BF16 | DType::F16 => 2,
+    };
+    category(from) <= category(to)
+}
+
+/// `value` as the new value of `target` (an in-place op's `self`): of its
+/// shape, cast to its dtype. Broadcasting into `self` and casts PyTorch
+/// refuses are left to Python, which raises PyTorch's errors.
+fn fit(value: Tensor, target: &Tensor) -> Result<Option<Tensor>> {
+    if value.shape() != target.shape() || !can_cast(value.dtype(), target.dtype()) {
+        return Ok(None);
+    }
+    value.to_dtype(target.dtype()).map(Some)
+}
+
+/// The write of an in-place op on `a[0]`.
+fn write_self<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Result<Option<(&'a Cell, Tensor)>> {
+    let A::Tensor(Operand { value: target, whole: Some(cell) }) = arg(a, 0) else {
+        return Ok(None);
+    };
+    let Some(value) = f(ctx, a)? else { return Ok(None) };
+    Ok(fit(value, target)?.map(|v| (*cell, v)))
+}
+
+fn inplace<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    Ok(write_self(f, ctx, a)?.map(|w| Done { outs: vec![Ret::Input(0)], writes: vec![w] }))
+}
+
+/// The arguments of element `i` of a `_foreach_` op: lists of length `n`
+/// give their `i`-th item, everything else is passed to every element.
+fn element<'a>(a: &[A<'a>], i: usize, n: usize) -> Vec<A<'a>> {
+    a.iter()
+        .map(|x| match x {
+            A::List(items) if items.len() == n => items[i].clone(),
+            other => other.clone(),
+        })
+        .collect()
+}
+
+fn foreach<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    let A::List(selves) = arg(a, 0) else { return Ok(None) };
+    let n = selves.len();
+    let mut done = Done::default();
+    for i in 0..n {
+        let Some(t) = f(ctx, &element(a, i, n))? else { return Ok(None) };
+        done.outs.push(Ret::Fresh(t));
+    }
+    Ok(Some(done))
+}
+
+fn foreach_inplace<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    let A::List(selves) = arg(a, 0) else { return Ok(None) };
+    let n = selves.len();
+    let mut done = Done::default();
+    for i in 0..n {
+        let Some(w) = write_self(f, ctx, &element(a, i, n))? else { return Ok(None) };
+        done.writes.push(w);
+    }
+    Ok(Some(done))
+}
+
+/// `_copy_from(src, dst)`: `dst` (all of its storage) takes `src`'s value,
+/// cast to its dtype and broadcast to its shape, as `_dispatch.copy_from` does.
+fn copy_from<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    let (Some(src), A::Tensor(Operand { value: dst, whole: Some(cell) })) =
+        (tensor(a, 0), arg(a, 1))
+    else {
+        return Ok(None);
+    };
+    let mut value = src.to_dtype(dst.dtype())?;
+    if value.shape() != dst.shape() {
+        value = value.expand(dst.shape())?;
+    }
+    Ok(Some(Done { outs: vec![Ret::Input(1)], writes: vec![(*cell, value)] }))
+}
+
+macro_rules! table {
+    ($($name:literal => $form:ident($f:ident)),* $(,)?) => {
+        pub static OPS: &[NativeOp] = &[
+            $(NativeOp { name: $name, run: |ctx, a| $form($f, ctx, a) }),*
+        ];
+    };
+}
+
+fn direct<'a>(f: Run, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    f(ctx, a)
+}
+
+table! {
+    "add.Tensor" => functional(add), "add.Scalar" => functional(add),
+    "sub.Tensor" => functional(sub), "sub.Scalar" => functional(sub),
+    "mul.Tensor" => functional(mul), "mul.Scalar" => functional(mul),
+    "div.Tensor" => functional(div), "div.Scalar" => functional(div),
+    "add_.Tensor" => inplace(add), "add_.Scalar" => inplace(add),
+    "sub_.Tensor" => inplace(sub), "sub_.Scalar" => inplace(sub),
+    "mul_.Tensor" => inplace(mul), "mul_.Scalar" => inplace(mul),
+    "div_.Tensor" => inplace(div), "div_.Scalar" => inplace(div),
+    "maximum.default" => functional(maximum), "minimum.default" => functional(minimum),
+    "eq.Tensor" => functional(eq), "eq.Scalar" => functional(eq),
+    "ne.Tensor" => functional(ne), "ne.Scalar" => functional(ne),
+    "lt.Tensor" => functional(lt), "lt.Scalar" => functional(lt),
+    "le.Tensor" => functional(le), "le.Scalar" => functional(le),
+    "gt.Tensor" => functional(gt), "gt.Scalar" => functional(gt),
+    "ge.Tensor" => functional(ge), "ge.Scalar" => functional(ge),
+    "abs.default" => functional(abs), "abs_.default" => inplace(abs),
+    "neg.default" => functional(neg), "neg_.default" => inplace(neg),
+    "exp.default" => functional(exp), "exp_.default" => inplace(exp),
+    "log.default" => functional(log), "log_.default" => inplace(log),
+    "sqrt.default" => functional(sqrt), "sqrt_.default" => inplace(sqrt),
+    "rsqrt.default" => functional(rsqrt), "rsqrt_.default" => inplace(rsqrt),
+    "reciprocal.default" => functional(reciprocal), "reciprocal_.default" => inplace(reciprocal),
+    "tanh.default" => functional(tanh), "tanh_.default" => inplace(tanh),
+    "sigmoid.default" => functional(sigmoid), "sigmoid_.default" => inplace(sigmoid),
+    "relu.default" => functional(relu), "relu_.default" => inplace(relu),
+    "silu.default" => functional(silu), "silu_.default" => inplace(silu),
+    "sin.default" => functional(sin), "cos.default" => functional(cos),
+    "floor.default" => functional(floor), "sign.default" => functional(sign),
+    "sgn.default" => functional(sign), "logical_not.default" => functional(logical_not),
+    "gelu.default" => functional(gelu),
+    "where.self" => functional(where_self),
+    "addcmul.default" => functional(addcmul), "addcmul_.default" => inplace(addcmul),
+    "addcdiv.default" => functional(addcdiv), "addcdiv_.default" => inplace(addcdiv),
+    "lerp.Scalar" => functional(lerp), "lerp_.Scalar" => inplace(lerp),
+    "lerp.Tensor" => functional(lerp), "lerp_.Tensor" => inplace(lerp),
+    "fill_.Scalar" => inplace(fill), "zero_.default" => inplace(zero),
+    "mm.default" => functional(mm), "bmm.default" => functional(mm),
+    "addmm.default" => functional(addmm),
+    "sum.dim_IntList" => functional(sum_dim), "mean.dim" => functional(mean_dim),
+    "_softmax.default" => functional(softmax), "_log_softmax.default" => functional(log_softmax),
+    "_softmax_backward_data.default" => functional(softmax_backward),
+    "_log_softmax_backward_data.default" => functional(log_softmax_backward),
+    "_copy_from.default" => direct(copy_from),
+    "_foreach_add.Scalar" => foreach(add), "_foreach_add_.Scalar" => foreach_inplace(add),
+    "_foreach_add.List" => foreach(add), "_foreach_add_.List" => foreach_inplace(add),
+    "_foreach_add.ScalarList" => foreach(add), "_foreach_add_.ScalarList" => foreach_inplace(add),
+    "_foreach_sub.Scalar" => foreach(sub), "_foreach_sub_.Scalar" => foreach_inplace(sub),
+    "_foreach_sub.List" => foreach(sub), "_foreach_sub_.List" => foreach_inplace(sub),
+    "_foreach_sub.ScalarList" => foreach(sub), "_foreach_sub_.ScalarList" => foreach_inplace(sub),
+    "_foreach_mul.Scalar" => foreach(mul), "_foreach_mul_.Scalar" => foreach_inplace(mul),
+    "_foreach_mul.List" => foreach(mul), "_foreach_mul_.List" => foreach_inplace(mul),
+    "_foreach_mul.ScalarList" => foreach(mul), "_foreach_mul_.ScalarList" => foreach_inplace(mul),
+    "_foreach_div.Scalar" => foreach(div), "_foreach_div_.Scalar" => foreach_inplace(div),
+    "_foreach_div.List" => foreach(div), "_foreach_div_.List" => foreach_inplace(div),
+    "_foreach_div.ScalarList" => foreach(div), "_foreach_div_.ScalarList" => foreach_inplace(div),
+    "_foreach_addcmul.Scalar" => foreach(addcmul), "_foreach_addcmul_.Scalar" => foreach_inplace(addcmul),
+    "_foreach_addcmul.ScalarList" => foreach(addcmul),
+    "_foreach_addcmul_.ScalarList" => foreach_inplace(addcmul),
+    "_foreach_addcdiv.Scalar" => foreach(addcdiv), "_foreach_addcdiv_.Scalar" => foreach_inplace(addcdiv),
+    "_foreach_addcdiv.ScalarList" => foreach(addcdiv),
+    "_foreach_addcdiv_.ScalarList" => foreach_inplace(addcdiv),
+    "_foreach_lerp.Scalar" => foreach(lerp), "_foreach_lerp_.Scalar" => foreach_inplace(lerp),
+    "_foreach_lerp.List" => foreach(lerp), "_foreach_lerp_.List" => foreach_inplace(lerp),
+    "_foreach_sqrt.default" => foreach(sqrt), "_foreach_sqrt_.default" => foreach_inplace(sqrt),
+    "_foreach_neg.default" => foreach(neg), "_foreach_neg_.default" => foreach_inplace(neg),
+    "_foreach_exp.default" => foreach(exp), "_foreach_exp_.default" => foreach_inplace(exp),
+    "_foreach_abs.default" => foreach(abs), "_foreach_abs_.default" => foreach_inplace(abs),
+    "_foreach_zero_.default" => foreach_inplace(zero),
+}

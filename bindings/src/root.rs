@@ -1,0 +1,183 @@
+//! `Root`: the value of one `tpu` storage.
+//!
+//! Each storage's C++ block owns one reference to a [`Cell`] (a raw
+//! `Arc<Cell>`), so the value lives exactly as long as the storage. The cell
+//! holds an engine tensor, or a CPU `torch.Tensor` for dtypes the engine
+//! lacks, whose row-major elements are the storage's elements. Both the C++
+//! kernels (without the GIL, through [`crate::native`]) and the Python
+//! package (through the `Root` class below) read and replace it, so it sits
+//! behind a mutex.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use deferfuse::{Context, DType, Tensor};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::PyTuple;
+
+use crate::engine::PyEngine;
+use crate::tensor::PyTensor;
+
+/// What a storage holds.
+pub enum Value {
+    Engine(Tensor),
+    /// A CPU `torch.Tensor` and its `torch.dtype`.
+    Host {
+        tensor: Py<PyAny>,
+        dtype: Py<PyAny>,
+    },
+}
+
+pub struct State {
+    pub value: Value,
+    /// The root's shape: its elements are the storage's, row-major.
+    pub shape: Vec<usize>,
+}
+
+pub struct Cell(Mutex<State>);
+
+impl Cell {
+    pub fn new(state: State) -> Arc<Cell> {
+        Arc::new(Cell(Mutex::new(state)))
+    }
+
+    /// The state. A panic while it was held cannot leave it half-written
+    /// (every write replaces it whole), so a poisoned lock is still usable.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `tensor` the value, keeping the shape.
+    pub fn set_engine(&self, tensor: Tensor) {
+        let mut state = self.lock();
+        state.shape = tensor.shape().to_vec();
+        state.value = Value::Engine(tensor);
+    }
+}
+
+/// The engine tensor of a root, when it is one of `ctx`'s.
+pub fn engine_value<'a>(state: &'a State, ctx: &Context) -> Option<&'a Tensor> {
+    match &state.value {
+        Value::Engine(t) if t.belongs_to(ctx) => Some(t),
+        _ => None,
+    }
+}
+
+/// PyTorch's `ScalarType` codes of the engine's dtypes (c10/core/ScalarType.h).
+pub fn scalar_type(dtype: DType) -> i8 {
+    match dtype {
+        DType::I32 => 3,
+        DType::I64 => 4,
+        DType::F16 => 5,
+        DType::F32 => 6,
+        DType::Bool => 11,
+        DType::BF16 => 15,
+    }
+}
+
+pub fn from_scalar_type(code: i8) -> Option<DType> {
+    Some(match code {
+        3 => DType::I32,
+        4 => DType::I64,
+        5 => DType::F16,
+        6 => DType::F32,
+        11 => DType::Bool,
+        15 => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// The `torch.dtype` objects of the engine's dtypes, looked up once.
+fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Py<PyAny>> {
+    static DTYPES: GILOnceCell<Vec<(DType, Py<PyAny>)>> = GILOnceCell::new();
+    let table = DTYPES.get_or_try_init(py, || -> PyResult<_> {
+        let torch = py.import("torch")?;
+        let names = [
+            (DType::F32, "float32"),
+            (DType::BF16, "bfloat16"),
+            (DType::F16, "float16"),
+            (DType::I32, "int32"),
+            (DType::I64, "int64"),
+            (DType::Bool, "bool"),
+        ];
+        names.iter().map(|&(d, n)| Ok((d, torch.getattr(n)?.unbind()))).collect()
+    })?;
+    let (_, obj) = table.iter().find(|(d, _)| *d == dtype).expect("every engine dtype is listed");
+    Ok(obj.clone_ref(py))
+}
+
+fn value_of(value: &Bound<'_, PyAny>) -> PyResult<(Value, Vec<usize>)> {
+    if let Ok(t) = value.downcast::<PyTensor>() {
+        let t = t.get().inner.clone();
+        let shape = t.shape().to_vec();
+        return Ok((Value::Engine(t), shape));
+    }
+    // A CPU torch.Tensor (duck-typed: torch is not a Rust dependency).
+    let shape: Vec<usize> = value.getattr("shape").and_then(|s| s.extract()).map_err(|_| {
+        PyTypeError::new_err("Root: the value must be an engine tensor or a torch.Tensor")
+    })?;
+    let dtype = value.getattr("dtype")?.unbind();
+    Ok((Value::Host { tensor: value.clone().unbind(), dtype }, shape))
+}
+
+/// The value of one storage, seen from Python (`_handles`).
+#[pyclass(module = "deferfuse._engine", name = "Root", frozen)]
+pub struct PyRoot {
+    pub(crate) cell: Arc<Cell>,
+}
+
+#[pymethods]
+impl PyRoot {
+    #[new]
+    #[pyo3(signature = (value, shape=None))]
+    fn new(value: &Bound<'_, PyAny>, shape: Option<Vec<usize>>) -> PyResult<Self> {
+        let (value, own) = value_of(value)?;
+        Ok(PyRoot { cell: Cell::new(State { value, shape: shape.unwrap_or(own) }) })
+    }
+
+    /// Replaces the value (and the shape: the value's own when not given).
+    #[pyo3(signature = (value, shape=None))]
+    fn set(&self, value: &Bound<'_, PyAny>, shape: Option<Vec<usize>>) -> PyResult<()> {
+        let (value, own) = value_of(value)?;
+        let old = {
+            let mut state = self.cell.lock();
+            state.shape = shape.unwrap_or(own);
+            std::mem::replace(&mut state.value, value)
+        };
+        drop(old); // outside the lock: a host value's release may run Python
+        Ok(())
+    }
+
+    /// The engine tensor, or the CPU torch.Tensor.
+    #[getter]
+    fn value(&self, py: Python<'_>) -> PyResult<PyObject> {
+        match &self.cell.lock().value {
+            Value::Engine(t) => Ok(Py::new(py, PyTensor::from(t.clone()))?.into_any()),
+            Value::Host { tensor, .. } => Ok(tensor.clone_ref(py)),
+        }
+    }
+
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.cell.lock().shape.iter())
+    }
+
+    /// The value's `torch.dtype`.
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.cell.lock().value {
+            Value::Engine(t) => torch_dtype(py, t.dtype()),
+            Value::Host { dtype, .. } => Ok(dtype.clone_ref(py)),
+        }
+    }
+
+    /// True when the value is an engine tensor of `engine`'s context (no
+    /// import needed to compute with it there). Anything else is no engine.
+    fn owned_by(&self, engine: &Bound<'_, PyAny>) -> bool {
+        let Ok(engine) = engine.downcast::<PyEngine>() else {
+            return false;
+        };
+        engine_value(&self.cell.lock(), &engine.get().ctx).is_some()
+    }
+}
