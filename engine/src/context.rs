@@ -143,7 +143,8 @@ impl Context {
         if let Some(t) = inputs.iter().find(|t| !Arc::ptr_eq(&t.ctx, &self.shared)) {
             return Err(Error::attr(op.name(), format!("input {t:?} belongs to another context")));
         }
-        let values: Vec<&Arc<Value>> = inputs.iter().map(|t| &t.value).collect();
+        let values: smallvec::SmallVec<[&Arc<Value>; 4]> =
+            inputs.iter().map(|t| &t.value).collect();
         Ok(Tensor::new(self.shared.clone(), self.shared.record(op, &values)?))
     }
 }

@@ -144,7 +144,9 @@ impl<I: Input> PendingTrace<I> {
     /// epoch. Only nodes whose tensor is still held become outputs; the rest
     /// are pruned or stay internal to the program.
     pub fn take(&mut self) -> Option<FlushPlan<I>> {
-        let next = PendingTrace::new(self.epoch + 1, self.repeats.is_some());
+        let mut next = PendingTrace::new(self.epoch + 1, false);
+        // The detector starts over with the new trace, keeping its buffers.
+        next.repeats = self.repeats.take().map(RepeatDetector::restarted);
         let taken = std::mem::replace(self, next);
         let mut trace = taken.trace;
         let mut holders = Vec::new();

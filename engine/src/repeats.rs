@@ -14,12 +14,14 @@
 //! parameters join the trace). The detector keeps the last [`HISTORY`]
 //! hashes and cuts as soon as, for some period `p` in
 //! [`MIN_PERIOD`]`..=`[`MAX_PERIOD`], the last `p` hashes equal the `p`
-//! before them. Every flush, whatever caused it, starts a new pending trace
-//! with a new detector, so the cuts depend only on the ops since the last
-//! flush.
+//! before them, unless those `2p` ops repeat a shorter period still (a run
+//! of one op, the same few-op update over many parameters): such runs are
+//! fused better whole, and the pending cap cuts them if they go on. Every
+//! flush, whatever caused it, starts a new pending trace with a new
+//! detector, so the cuts depend only on the ops since the last flush.
 //!
-//! The cost per op is one pass over the candidate periods (118 compares of
-//! `u64`s), a few tens of nanoseconds.
+//! The cost per op is one pass over the periods up to [`MAX_PERIOD`] (128
+//! compares of `u64`s), a few tens of nanoseconds.
 
 use std::hash::{Hash, Hasher};
 
@@ -41,31 +43,78 @@ pub(crate) struct RepeatDetector {
     history: Vec<u64>,
     /// Ops seen since the last reset.
     seen: usize,
-    /// `runs[p]`: how many of the latest ops, in a row, equal the op `p`
-    /// before them.
-    runs: Vec<u32>,
+    /// `runs[p - 1]`: how many of the latest ops, in a row, equal the op
+    /// `p` before them.
+    runs: Vec<u64>,
 }
 
 impl RepeatDetector {
+    /// This detector as a new one, keeping its allocations (a flush every
+    /// few tens of ops would otherwise allocate and clear them each time).
+    /// The history needs no clearing: only slots written since are read.
+    pub fn restarted(mut self) -> Self {
+        self.seen = 0;
+        self.runs.fill(0);
+        self
+    }
+
     /// Takes the next op's hash; true when the stream has just repeated a
     /// period, and so should be cut after this op.
     pub fn push(&mut self, hash: u64) -> bool {
         if self.history.is_empty() {
-            self.history = vec![0; HISTORY];
-            self.runs = vec![0; MAX_PERIOD + 1];
+            self.history = vec![0; 2 * HISTORY];
+            self.runs = vec![0; MAX_PERIOD];
         }
         let now = self.seen;
-        let mut repeated = false;
-        for p in MIN_PERIOD..=MAX_PERIOD.min(now) {
-            let before = self.history[(now - p) % HISTORY];
-            let run = if before == hash { self.runs[p] + 1 } else { 0 };
-            self.runs[p] = run;
-            repeated |= run as usize >= p;
-        }
-        self.history[now % HISTORY] = hash;
+        let limit = MAX_PERIOD.min(now);
+        // The history runs backwards and is kept twice over, so that the hash
+        // `p` ops back is `window[p - 1]` for every p: one branch-free pass
+        // over equal-width arrays, which compiles to vector code.
+        let at = HISTORY - 1 - now % HISTORY;
+        let window = &self.history[at + 1..at + 1 + limit];
+        let (short_run, repeat) = scan(&mut self.runs[..limit], window, hash);
+        self.history[at] = hash;
+        self.history[at + HISTORY] = hash;
         self.seen = now + 1;
-        repeated
+        // A repetition inside a short-period run is that run, not a loop body.
+        repeat > short_run
     }
+}
+
+/// Updates the runs of every period for the next op, `hash`; returns the
+/// longest run of latest ops with a period under MIN_PERIOD, and the longest
+/// repetition of a period of at least MIN_PERIOD. With AVX-512 (detected at
+/// run time, as the kernels do) the pass is vector code.
+fn scan(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVX512: OnceLock<bool> = OnceLock::new();
+        if *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f")) {
+            // SAFETY: the CPU has AVX-512F, checked above.
+            return unsafe { scan_avx512(runs, window, hash) };
+        }
+    }
+    scan_body(runs, window, hash)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scan_avx512(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
+    scan_body(runs, window, hash)
+}
+
+#[inline(always)]
+fn scan_body(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
+    let (mut short_run, mut repeat) = (0u64, 0u64);
+    for (i, (run, &before)) in runs.iter_mut().zip(window).enumerate() {
+        let p = i as u64 + 1;
+        let r = if before == hash { *run + 1 } else { 0 };
+        *run = r;
+        short_run = short_run.max(if p < MIN_PERIOD as u64 { r + p } else { 0 });
+        repeat = repeat.max(if p >= MIN_PERIOD as u64 && r >= p { 2 * p } else { 0 });
+    }
+    (short_run, repeat)
 }
 
 /// The hash the detector compares: the op's name and the output's shape and
@@ -89,7 +138,7 @@ mod tests {
         for h in ops {
             if d.push(h) {
                 out.push(d.seen);
-                d = RepeatDetector::default();
+                d = d.restarted();
             }
         }
         out
@@ -127,10 +176,17 @@ mod tests {
     }
 
     #[test]
-    fn a_run_of_one_op_is_cut_at_twice_the_shortest_period() {
-        assert_eq!(
-            cuts(std::iter::repeat_n(5u64, 100)),
-            vec![2 * MIN_PERIOD; 100 / (2 * MIN_PERIOD)]
-        );
+    fn runs_of_a_short_period_are_fused_whole() {
+        assert!(cuts(std::iter::repeat_n(5u64, 1000)).is_empty());
+        let update = [1u64, 2, 3, 4, 5];
+        assert!(cuts(update.iter().copied().cycle().take(1000)).is_empty());
+    }
+
+    #[test]
+    fn a_body_of_one_op_repeated_then_another_is_still_a_loop_body() {
+        // 11 identical ops and a different one: the period is 12.
+        let body: Vec<u64> = std::iter::repeat_n(5u64, 11).chain([9]).collect();
+        let stream = body.iter().copied().cycle().take(12 * 6);
+        assert_eq!(cuts(stream), vec![24; 3]);
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use rewrite_rules::planner::PlanConfig;
 use runtime::{Backend, Buffer, Executable, MemoryStats};
+use smallvec::SmallVec;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
 use crate::config::{Config, Mode};
@@ -153,7 +154,7 @@ impl Shared {
     /// Records `op` on `inputs`, values of this context, in its mode.
     #[track_caller]
     pub fn record(&self, op: Op, inputs: &[&Arc<Value>]) -> Result<Arc<Value>> {
-        let metas: Vec<&Meta> = inputs.iter().map(|v| &v.meta).collect();
+        let metas: SmallVec<[&Meta; 4]> = inputs.iter().map(|v| &v.meta).collect();
         let meta = trace_ir::infer(&op, &metas)?;
         self.ops_recorded.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(op = op.name(), shape = ?meta.shape.as_slice(), "record");
@@ -190,8 +191,10 @@ impl Shared {
             }
             Mode::DeferAndFuse => {
                 let mut pending = self.pending.lock().unwrap();
-                let nodes =
-                    inputs.iter().map(|v| pending.node_of(v)).collect::<Result<Vec<_>>>()?;
+                let nodes = inputs
+                    .iter()
+                    .map(|v| pending.node_of(v))
+                    .collect::<Result<SmallVec<[_; 4]>>>()?;
                 let repeated =
                     pending.repeats.as_mut().is_some_and(|r| r.push(op_hash(&op, &meta)));
                 let node = pending.push(op, &nodes, meta.clone())?;
