@@ -4,6 +4,7 @@ fallback for everything else."""
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable
 
 import torch
@@ -689,6 +690,19 @@ def _short(name: str) -> str:
     return name[: -len(".default")] if name.endswith(".default") else name
 
 
+#: How many times a natively lowered op ran its Python kernel instead (for
+#: arguments the native lowering leaves to Python), by op.
+python_path_counts: collections.Counter[str] = collections.Counter()
+
+
+def _counted(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        python_path_counts[name] += 1
+        return kernel(*args, **kwargs)
+
+    return run
+
+
 def _install_native(native: dict[str, int], python_kernels: dict[str, Callable[..., Any]]) -> None:
     """Registers the C++ kernels of the natively lowered ops, each with its
     Python kernel (or the CPU fallback) for the arguments it leaves to Python."""
@@ -699,5 +713,5 @@ def _install_native(native: dict[str, int], python_kernels: dict[str, Callable[.
         if op is None or _has_kernel(op.name(), "CompositeImplicitAutograd"):
             continue  # not in this torch, or a decomposition autograd differentiates
         kernel = python_kernels.get(name) or (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op)
-        ops.append((_short(name), index, kernel))
+        ops.append((_short(name), index, _counted(name, kernel)))
     _native.bridge().install_native(ops)

@@ -1,0 +1,160 @@
+"""The native hot path: aten ops that the C++ layer runs straight into the
+engine (bindings/src/native/ops.rs), in every mode, compared with CPU eager;
+arguments the native lowering leaves to Python take the op's Python kernel
+and give the same values."""
+
+from __future__ import annotations
+
+import threading
+
+import deferfuse
+import pytest
+import torch
+from deferfuse import _dispatch
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    with deferfuse.mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def python_path():
+    """Counts the natively lowered ops that ran their Python kernel so far in the test."""
+    before = _dispatch.python_path_counts.copy()
+    return lambda: _dispatch.python_path_counts - before
+
+
+def pair(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cpu = torch.randn(*shape, generator=g).to(dtype)
+    return cpu, cpu.to("tpu")
+
+
+def test_elementwise_ops_run_natively_and_match_cpu(mode, python_path):
+    a, ta = pair(4, 5, seed=1)
+    b, tb = pair(4, 5, seed=2)
+    cases = [
+        (lambda x, y: x * y, (a, b), (ta, tb)),
+        (lambda x, y: x + y * 2.5, (a, b), (ta, tb)),
+        (lambda x, y: torch.add(x, y, alpha=0.5), (a, b), (ta, tb)),
+        (lambda x, y: x - 1, (a, b), (ta, tb)),
+        (lambda x, y: (x / y).exp().tanh(), (a, b), (ta, tb)),
+        (lambda x, y: torch.where(x > y, x, y.relu()), (a, b), (ta, tb)),
+        (lambda x, y: torch.maximum(x, y).sigmoid().neg(), (a, b), (ta, tb)),
+        (lambda x, y: torch.addcmul(x, x, y, value=0.1), (a, b), (ta, tb)),
+        (lambda x, y: torch.lerp(x, y, 0.3), (a, b), (ta, tb)),
+        (lambda x, y: x.sum(dim=1, keepdim=True) + x.mean(0), (a, b), (ta, tb)),
+        (lambda x, y: torch.softmax(x, -1) + torch.log_softmax(y, 0), (a, b), (ta, tb)),
+        (lambda x, y: x @ y.t(), (a, b), (ta, tb)),
+        (lambda x, y: torch.nn.functional.linear(x, y, x[:, 0]), (a, b), (ta, tb)),
+    ]
+    for fn, cpu_args, tpu_args in cases:
+        want = fn(*cpu_args)
+        got = fn(*tpu_args).cpu()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # f32: a few ulps
+    ran_python = python_path()
+    # `.cpu()` copies off the device (`_copy_from` to a CPU tensor) in Python;
+    # `linear`'s bias is a column view (stride 5), which addmm reads in Python.
+    assert set(ran_python) <= {"_copy_from.default", "addmm.default"}, ran_python
+
+
+def test_in_place_ops_write_the_storage_every_view_sees(mode, python_path):
+    base = torch.arange(12.0).reshape(3, 4)
+    t = base.to("tpu")
+    view = t[1]  # a view of the same storage
+    t.mul_(2.0).add_(torch.ones(3, 4, device="tpu"), alpha=3)
+    base.mul_(2.0).add_(torch.ones(3, 4), alpha=3)
+    assert torch.equal(t.cpu(), base)
+    assert torch.equal(view.cpu(), base[1])
+    t.zero_()
+    t.fill_(1.5)
+    assert torch.equal(view.cpu(), torch.full((4,), 1.5))
+    # Python ran only the copies off the device (`.cpu()`) and the first fill
+    # of `torch.ones`' new storage, which has no value yet.
+    assert set(python_path()) <= {"_copy_from.default", "fill_.Scalar"}, python_path()
+    assert python_path()["fill_.Scalar"] <= 1
+
+
+def test_a_view_that_is_not_its_whole_storage_takes_the_python_path(mode, python_path):
+    a, ta = pair(6, 6, seed=3)
+    got = (ta[1:, 2:] * 3.0).cpu()
+    torch.testing.assert_close(got, a[1:, 2:] * 3.0)
+    s = ta[::2]
+    s.mul_(0.5)  # in place through a strided view: written back into the base
+    a[::2].mul_(0.5)
+    torch.testing.assert_close(ta.cpu(), a)
+    ran = python_path()
+    assert ran["mul.Tensor"] >= 1 and ran["mul_.Tensor"] >= 1, ran
+
+
+def test_in_place_casts_and_broadcasts_refused_as_on_cpu(mode):
+    i = torch.arange(4, device="tpu")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        i.mul_(1.5)
+    x = torch.ones(3, device="tpu")
+    with pytest.raises(RuntimeError):
+        x.add_(torch.ones(2, 3, device="tpu"))
+    assert torch.equal(x.cpu(), torch.ones(3))  # nothing written
+
+
+def test_shape_errors_name_the_op_and_shapes(mode):
+    with pytest.raises(deferfuse.EngineError, match=r"(?s)mul.*\[2, 3\].*\[4\]"):
+        torch.ones(2, 3, device="tpu") * torch.ones(4, device="tpu")
+
+
+def test_foreach_adamw_step_matches_cpu(mode, python_path):
+    torch.manual_seed(0)
+    params = [torch.randn(8, 8) for _ in range(5)]
+    grads = [torch.randn(8, 8) for _ in range(5)]
+    results = []
+    for device in ("cpu", "tpu"):
+        ps = [torch.nn.Parameter(p.clone().to(device)) for p in params]
+        for p, g in zip(ps, grads):
+            p.grad = g.clone().to(device)
+        opt = torch.optim.AdamW(ps, lr=0.01, foreach=True)
+        for _ in range(3):
+            opt.step()
+        results.append([p.detach().cpu() for p in ps])
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    ran = python_path()
+    assert not {k for k in ran if k.startswith("_foreach")}, ran
+
+
+def test_autograd_through_native_kernels(mode):
+    a, ta = pair(3, 4, seed=5)
+    w, tw = pair(4, 2, seed=6)
+    for x, y in ((a, w), (ta, tw)):
+        x.requires_grad_(True)
+        y.requires_grad_(True)
+        torch.softmax(x @ y, -1).mul(2.0).sum().backward()
+    torch.testing.assert_close(ta.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tw.grad.cpu(), w.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_other_threads_compute_in_their_own_mode():
+    out = {}
+
+    def worker():
+        with deferfuse.mode("strict"):
+            x = torch.full((3,), 2.0, device="tpu")
+            out["value"] = (x * x + 1).cpu()
+
+    with deferfuse.mode("defer_and_fuse"):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        assert torch.equal(out["value"], torch.full((3,), 5.0))
+        assert torch.equal((torch.ones(2, device="tpu") * 3).cpu(), torch.full((2,), 3.0))
+
+
+def test_values_made_in_one_mode_are_read_natively_in_another():
+    with deferfuse.mode("strict"):
+        x = torch.arange(4.0, device="tpu")
+    with deferfuse.mode("defer_and_fuse"):
+        y = x * 2  # another context's value: the Python path imports it
+        assert torch.equal(y.cpu(), torch.arange(4.0) * 2)
