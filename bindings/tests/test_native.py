@@ -158,3 +158,14 @@ def test_values_made_in_one_mode_are_read_natively_in_another():
     with deferfuse.mode("defer_and_fuse"):
         y = x * 2  # another context's value: the Python path imports it
         assert torch.equal(y.cpu(), torch.arange(4.0) * 2)
+
+
+def test_routes_name_the_native_kernels_and_their_python_route():
+    from deferfuse import _engine
+
+    for name in _engine.native_ops():
+        route = _dispatch.ROUTES.get(name)
+        if route is not None:  # absent: an overload this torch lacks
+            assert route.startswith("C++; else "), (name, route)
+    assert _dispatch.ROUTES["mul_.Tensor"] == "C++; else in place: `mul.Tensor` (elementwise._binary)"
+    assert _dispatch.ROUTES["native_layer_norm.default"] == "lowering nn.native_layer_norm"

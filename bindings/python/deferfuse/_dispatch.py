@@ -590,30 +590,37 @@ def register() -> None:
     native = {name: i for i, name in enumerate(_engine.native_ops())}
     python_kernels: dict[str, Callable[..., Any]] = {}
 
-    def impl(name: str, fn: Callable[..., Any]) -> None:
-        if name in native or f"{name}.default" in native:
-            python_kernels[name if "." in name else f"{name}.default"] = fn
+    def impl(name: str, fn: Callable[..., Any], how: str) -> None:
+        key = name if "." in name else f"{name}.default"
+        if key in native:
+            python_kernels[key] = fn
         else:
             lib.impl(_short(name), fn, "PrivateUse1")
+        ROUTES[key] = how
         done.add(name)
 
-    impl("_copy_from", copy_from)
-    impl("_copy_from_and_resize", copy_from_and_resize)
-    impl("_local_scalar_dense", local_scalar_dense)
-    impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type)
-    impl("slice_scatter", scatter_kernel(aten.slice.Tensor))
-    impl("select_scatter", scatter_kernel(aten.select.int))
-    impl("diagonal_scatter", scatter_kernel(aten.diagonal.default))
-    impl("as_strided_scatter", scatter_kernel(aten.as_strided.default))
+    impl("_copy_from", copy_from, "binding: _dispatch.copy_from")
+    impl("_copy_from_and_resize", copy_from_and_resize, "binding: _dispatch.copy_from_and_resize")
+    impl("_local_scalar_dense", local_scalar_dense, "binding: reads the value back")
+    impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type, "binding: metadata")
+    for scatter, view in (
+        ("slice_scatter", aten.slice.Tensor),
+        ("select_scatter", aten.select.int),
+        ("diagonal_scatter", aten.diagonal.default),
+        ("as_strided_scatter", aten.as_strided.default),
+    ):
+        impl(scatter, scatter_kernel(view), f"a clone written through `{view.name()}`")
     impl(
         "convolution_overrideable",
         with_fallback(
             _lowerings.convolution, cpu_twin(aten.convolution_overrideable.default, aten.convolution.default)
         ),
+        f"lowering {_where(_lowerings.convolution)} (the CPU's convolution for other arguments)",
     )
     impl(
         "convolution_backward_overrideable",
         cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default),
+        "CPU: aten::convolution_backward",
     )
     for name, lowering in LOWERINGS.items():
         packet, _, overload = name.partition(".")
@@ -632,7 +639,7 @@ def register() -> None:
             continue
         if _has_kernel(op.name(), "PrivateUse1"):
             continue  # the C++ layer's kernel (views, empty, resize_)
-        impl(name, functional_kernel(op, lowering))
+        impl(name, functional_kernel(op, lowering), f"lowering {_where(lowering)}")
 
     for qualified in torch._C._dispatch_get_all_op_names():
         if not qualified.startswith("aten::"):
@@ -658,31 +665,46 @@ def register() -> None:
         if packet_name.startswith("_foreach_"):
             single = packet_name[len("_foreach_") :]
             if hasattr(aten, single) and not overload.startswith("out") and "out" not in overload:
-                impl(key, foreach_kernel(op))
+                impl(key, foreach_kernel(op), f"each element through `aten::{single}`")
                 continue
         twin = _functional_twin(op)
         if twin is not None:
             base = packet_name
+            how = f"`{twin}` ({_where(LOWERINGS[twin])})"
             if base.endswith("_"):
-                impl(key, inplace_kernel(op, LOWERINGS[twin]))
+                impl(key, inplace_kernel(op, LOWERINGS[twin]), f"in place: {how}")
             else:
                 outs = [
                     a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write
                 ]
-                impl(key, out_kernel(op, LOWERINGS[twin], outs))
+                impl(key, out_kernel(op, LOWERINGS[twin], outs), f"out=: {how}")
             continue
         # No decomposition in C++: PyTorch's Python decomposition where it
         # lowers, else run on the CPU explicitly (the catch-all fallback below
         # would let composite kernels call `.out` variants on zero-size
         # outputs instead).
         if qualified in decompositions and not _has_kernel(qualified, "CompositeExplicitAutograd"):
-            impl(key, decomposed_kernel(op, decompositions[qualified]))
+            impl(key, decomposed_kernel(op, decompositions[qualified]), "PyTorch's decomposition")
             continue
         if _has_kernel(qualified, "CPU") and not _has_kernel(qualified, "CompositeExplicitAutograd"):
-            impl(key, (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op))
+            impl(key, (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op), "CPU fallback")
 
     _install_native(native, python_kernels)
     fallback_lib.fallback(lambda op, *a, **k: cpu_fallback(op, *a, **k), "PrivateUse1")
+
+
+#: Where each aten op registered for `tpu` runs (`bindings/conformance/routes.py`
+#: writes it to docs/lowerings.md): `C++` for the native kernels, with the
+#: Python route they take for other arguments.
+ROUTES: dict[str, str] = {}
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    """`elementwise.add` for a lowering of `deferfuse.lowerings.elementwise`
+    (the enclosing function for a closure, the module for a lambda)."""
+    module = fn.__module__.rpartition(".")[2]
+    name = fn.__qualname__.split(".<locals>")[0]
+    return module if name == "<lambda>" else f"{module}.{name}"
 
 
 def _short(name: str) -> str:
@@ -714,4 +736,5 @@ def _install_native(native: dict[str, int], python_kernels: dict[str, Callable[.
             continue  # not in this torch, or a decomposition autograd differentiates
         kernel = python_kernels.get(name) or (lambda o: lambda *a, **k: cpu_fallback(o, *a, **k))(op)
         ops.append((_short(name), index, _counted(name, kernel)))
+        ROUTES[name] = f"C++; else {ROUTES.get(name, 'CPU fallback')}"
     _native.bridge().install_native(ops)
