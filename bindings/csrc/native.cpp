@@ -21,8 +21,12 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <array>
 #include <forward_list>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "storage.h"
@@ -183,6 +187,41 @@ at::Tensor result(const Out& out, c10::ArrayRef<c10::IValue> inputs) {
   return t;
 }
 
+// The op's Python kernel, called as PyTorch calls a kernel registered
+// from Python: positional arguments by position, keyword-only ones by name.
+void run_python(const c10::OperatorHandle& op, PyObject* python, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  auto arguments = torch::jit::pop(*stack, schema.arguments().size());
+  pybind11::gil_scoped_acquire gil;
+  pybind11::list args;
+  pybind11::dict kwargs;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    pybind11::object value = torch::jit::toPyObject(std::move(arguments[i]));
+    const c10::Argument& a = schema.arguments()[i];
+    if (a.kwarg_only()) {
+      kwargs[pybind11::str(a.name())] = value;
+    } else {
+      args.append(value);
+    }
+  }
+  PyObject* out = PyObject_Call(python, pybind11::tuple(args).ptr(), kwargs.ptr());
+  if (out == nullptr) {
+    python_error e;
+    e.persist();
+    throw std::move(e);
+  }
+  auto result = pybind11::reinterpret_steal<pybind11::object>(out);
+  const auto& returns = schema.returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(result, returns[0].type()));
+  } else if (returns.size() > 1) {
+    auto items = result.cast<pybind11::tuple>();
+    for (size_t i = 0; i < returns.size(); ++i) {
+      stack->push_back(torch::jit::toIValue(items[i], returns[i].type()));
+    }
+  }
+}
+
 class NativeKernel final : public c10::OperatorKernel {
  public:
   // `python`: the op's Python kernel (a new reference, kept for the process).
@@ -190,7 +229,7 @@ class NativeKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     if (!run_native(op, stack)) {
-      run_python(op, stack);
+      run_python(op, python_, stack);
     }
   }
 
@@ -248,44 +287,123 @@ class NativeKernel final : public c10::OperatorKernel {
     return true;
   }
 
-  // The op's Python kernel, called as PyTorch calls a kernel registered
-  // from Python: positional arguments by position, keyword-only ones by name.
-  void run_python(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const c10::FunctionSchema& schema = op.schema();
-    auto arguments = torch::jit::pop(*stack, schema.arguments().size());
-    pybind11::gil_scoped_acquire gil;
-    pybind11::list args;
-    pybind11::dict kwargs;
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      pybind11::object value = torch::jit::toPyObject(std::move(arguments[i]));
-      const c10::Argument& a = schema.arguments()[i];
-      if (a.kwarg_only()) {
-        kwargs[pybind11::str(a.name())] = value;
-      } else {
-        args.append(value);
-      }
-    }
-    PyObject* out = PyObject_Call(python_, pybind11::tuple(args).ptr(), kwargs.ptr());
-    if (out == nullptr) {
-      python_error e;
-      e.persist();
-      throw std::move(e);
-    }
-    auto result = pybind11::reinterpret_steal<pybind11::object>(out);
-    const auto& returns = schema.returns();
-    if (returns.size() == 1) {
-      stack->push_back(torch::jit::toIValue(result, returns[0].type()));
-    } else if (returns.size() > 1) {
-      auto items = result.cast<pybind11::tuple>();
-      for (size_t i = 0; i < returns.size(); ++i) {
-        stack->push_back(torch::jit::toIValue(items[i], returns[i].type()));
-      }
-    }
-  }
-
   uint32_t id_;
   PyObject* python_;
 };
+
+// ---- unboxed kernels ----------------------------------------------------------------
+
+// The commonest signatures skip boxing their arguments into a stack: each
+// has kSlots instances of its kernel, one per op, which find their op here.
+struct Route {
+  uint32_t id = 0;
+  PyObject* python = nullptr;
+  std::optional<c10::OperatorHandle> op;
+};
+
+enum Signature : size_t { kUnary, kBinary, kBinaryScalar, kSignatures };
+constexpr size_t kSlots = 48;
+std::array<std::array<Route, kSlots>, kSignatures> routes;
+std::array<size_t, kSignatures> routes_used{};
+
+bool marshal(const at::Tensor& t, Arg& a) { return tensor_arg(t, a); }
+bool marshal(const c10::Scalar& s, Arg& a) { return scalar_arg(s, a); }
+
+template <typename... Inputs>
+at::Tensor unboxed(const Route& route, const Inputs&... inputs) {
+  Arg args[sizeof...(Inputs)];
+  size_t i = 0;
+  if (engine_api != nullptr && (marshal(inputs, args[i++]) && ...)) {
+    Out out;
+    size_t count = 0;
+    void* error = nullptr;
+    const int32_t status = engine_api->call(route.id, args, sizeof...(Inputs), &out, 1, &count, &error);
+    if (status == kFailed) {
+      throw_engine_error(error);
+    }
+    if (status == kDone) {
+      TORCH_CHECK(count == 1 && out.cell != nullptr, "deferfuse: native ", route.op->schema().name(),
+                  " did not return one fresh value");
+      return result(out, {});
+    }
+  }
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(Inputs));
+  (stack.emplace_back(inputs), ...);
+  run_python(*route.op, route.python, &stack);
+  return stack.back().toTensor();
+}
+
+template <size_t I>
+at::Tensor unary_kernel(const at::Tensor& a) {
+  return unboxed(routes[kUnary][I], a);
+}
+template <size_t I>
+at::Tensor binary_kernel(const at::Tensor& a, const at::Tensor& b) {
+  return unboxed(routes[kBinary][I], a, b);
+}
+template <size_t I>
+at::Tensor binary_scalar_kernel(const at::Tensor& a, const at::Tensor& b, const c10::Scalar& alpha) {
+  return unboxed(routes[kBinaryScalar][I], a, b, alpha);
+}
+
+template <size_t... I>
+void register_unboxed(torch::Library& lib, const char* name, Signature sig, size_t slot, std::index_sequence<I...>) {
+  constexpr std::array unary{&unary_kernel<I>...};
+  constexpr std::array binary{&binary_kernel<I>...};
+  constexpr std::array binary_scalar{&binary_scalar_kernel<I>...};
+  switch (sig) {
+    case kUnary:
+      lib.impl(name, unary[slot]);
+      break;
+    case kBinary:
+      lib.impl(name, binary[slot]);
+      break;
+    default:
+      lib.impl(name, binary_scalar[slot]);
+      break;
+  }
+}
+
+bool plain_tensor(const c10::Argument& a) {
+  return a.type()->kind() == c10::TypeKind::TensorType && a.alias_info() == nullptr;
+}
+
+// Which unboxed kernel fits a schema, or kSignatures for none.
+Signature signature_of(const c10::FunctionSchema& schema) {
+  const auto& args = schema.arguments();
+  const auto& rets = schema.returns();
+  if (rets.size() != 1 || !plain_tensor(rets[0]) || args.empty() || !plain_tensor(args[0])) {
+    return kSignatures;
+  }
+  if (args.size() == 1) {
+    return kUnary;
+  }
+  if (!plain_tensor(args[1])) {
+    return kSignatures;
+  }
+  if (args.size() == 2) {
+    return kBinary;
+  }
+  const bool scalar = args.size() == 3 && args[2].type()->kind() == c10::TypeKind::NumberType;
+  return scalar ? kBinaryScalar : kSignatures;
+}
+
+// Registers op `name`'s kernel: unboxed when its signature has a free slot, else boxed.
+void register_kernel(torch::Library& lib, const char* name, uint32_t id, PyObject* python) {
+  const std::string full(name);
+  const size_t dot = full.find('.');
+  const auto op = c10::Dispatcher::singleton().findSchema(
+      {"aten::" + full.substr(0, dot), dot == std::string::npos ? "" : full.substr(dot + 1)});
+  const Signature sig = op.has_value() ? signature_of(op->schema()) : kSignatures;
+  if (sig == kSignatures || routes_used[sig] == kSlots) {
+    lib.impl(name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NativeKernel>(id, python)));
+    return;
+  }
+  const size_t slot = routes_used[sig]++;
+  routes[sig][slot] = Route{id, python, op};
+  register_unboxed(lib, name, sig, slot, std::make_index_sequence<kSlots>{});
+}
 
 // The registrations live as long as the process.
 std::vector<std::unique_ptr<torch::Library>> libraries;
@@ -313,7 +431,7 @@ PyObject* install_native(PyObject* ops) {
         return nullptr;
       }
       Py_INCREF(kernel);
-      lib->impl(name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NativeKernel>(id, kernel)));
+      register_kernel(*lib, name, id, kernel);
     }
     libraries.push_back(std::move(lib));
   } catch (const std::exception& e) {

@@ -19,20 +19,24 @@ use pyo3::types::PyTuple;
 use crate::engine::PyEngine;
 use crate::tensor::PyTensor;
 
-/// What a storage holds.
-pub enum Value {
+/// What a storage holds: its elements, row-major, in the value's shape.
+pub enum State {
     Engine(Tensor),
-    /// A CPU `torch.Tensor` and its `torch.dtype`.
+    /// A CPU `torch.Tensor`, its `torch.dtype` and its shape.
     Host {
         tensor: Py<PyAny>,
         dtype: Py<PyAny>,
+        shape: Vec<usize>,
     },
 }
 
-pub struct State {
-    pub value: Value,
-    /// The root's shape: its elements are the storage's, row-major.
-    pub shape: Vec<usize>,
+impl State {
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            State::Engine(t) => t.shape(),
+            State::Host { shape, .. } => shape,
+        }
+    }
 }
 
 pub struct Cell(Mutex<State>);
@@ -48,18 +52,17 @@ impl Cell {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Makes `tensor` the value, keeping the shape.
+    /// Makes `tensor` the value.
     pub fn set_engine(&self, tensor: Tensor) {
-        let mut state = self.lock();
-        state.shape = tensor.shape().to_vec();
-        state.value = Value::Engine(tensor);
+        let old = std::mem::replace(&mut *self.lock(), State::Engine(tensor));
+        drop(old); // outside the lock
     }
 }
 
 /// The engine tensor of a root, when it is one of `ctx`'s.
 pub fn engine_value<'a>(state: &'a State, ctx: &Context) -> Option<&'a Tensor> {
-    match &state.value {
-        Value::Engine(t) if t.belongs_to(ctx) => Some(t),
+    match state {
+        State::Engine(t) if t.belongs_to(ctx) => Some(t),
         _ => None,
     }
 }
@@ -107,18 +110,24 @@ fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Py<PyAny>> {
     Ok(obj.clone_ref(py))
 }
 
-fn value_of(value: &Bound<'_, PyAny>) -> PyResult<(Value, Vec<usize>)> {
+/// The state holding `value` (an engine tensor or a CPU torch.Tensor) in
+/// `shape` (the value's own when None; an engine value is reshaped to it).
+fn state_of(value: &Bound<'_, PyAny>, shape: Option<Vec<usize>>) -> PyResult<State> {
     if let Ok(t) = value.downcast::<PyTensor>() {
-        let t = t.get().inner.clone();
-        let shape = t.shape().to_vec();
-        return Ok((Value::Engine(t), shape));
+        let t = &t.get().inner;
+        return match shape {
+            Some(shape) if shape != t.shape() => {
+                t.reshape(&shape).map(State::Engine).map_err(crate::to_py)
+            }
+            _ => Ok(State::Engine(t.clone())),
+        };
     }
     // A CPU torch.Tensor (duck-typed: torch is not a Rust dependency).
-    let shape: Vec<usize> = value.getattr("shape").and_then(|s| s.extract()).map_err(|_| {
+    let own: Vec<usize> = value.getattr("shape").and_then(|s| s.extract()).map_err(|_| {
         PyTypeError::new_err("Root: the value must be an engine tensor or a torch.Tensor")
     })?;
     let dtype = value.getattr("dtype")?.unbind();
-    Ok((Value::Host { tensor: value.clone().unbind(), dtype }, shape))
+    Ok(State::Host { tensor: value.clone().unbind(), dtype, shape: shape.unwrap_or(own) })
 }
 
 /// The value of one storage, seen from Python (`_handles`).
@@ -132,19 +141,14 @@ impl PyRoot {
     #[new]
     #[pyo3(signature = (value, shape=None))]
     fn new(value: &Bound<'_, PyAny>, shape: Option<Vec<usize>>) -> PyResult<Self> {
-        let (value, own) = value_of(value)?;
-        Ok(PyRoot { cell: Cell::new(State { value, shape: shape.unwrap_or(own) }) })
+        Ok(PyRoot { cell: Cell::new(state_of(value, shape)?) })
     }
 
     /// Replaces the value (and the shape: the value's own when not given).
     #[pyo3(signature = (value, shape=None))]
     fn set(&self, value: &Bound<'_, PyAny>, shape: Option<Vec<usize>>) -> PyResult<()> {
-        let (value, own) = value_of(value)?;
-        let old = {
-            let mut state = self.cell.lock();
-            state.shape = shape.unwrap_or(own);
-            std::mem::replace(&mut state.value, value)
-        };
+        let new = state_of(value, shape)?;
+        let old = std::mem::replace(&mut *self.cell.lock(), new);
         drop(old); // outside the lock: a host value's release may run Python
         Ok(())
     }
@@ -152,23 +156,23 @@ impl PyRoot {
     /// The engine tensor, or the CPU torch.Tensor.
     #[getter]
     fn value(&self, py: Python<'_>) -> PyResult<PyObject> {
-        match &self.cell.lock().value {
-            Value::Engine(t) => Ok(Py::new(py, PyTensor::from(t.clone()))?.into_any()),
-            Value::Host { tensor, .. } => Ok(tensor.clone_ref(py)),
+        match &*self.cell.lock() {
+            State::Engine(t) => Ok(Py::new(py, PyTensor::from(t.clone()))?.into_any()),
+            State::Host { tensor, .. } => Ok(tensor.clone_ref(py)),
         }
     }
 
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.cell.lock().shape.iter())
+        PyTuple::new(py, self.cell.lock().shape())
     }
 
     /// The value's `torch.dtype`.
     #[getter]
     fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        match &self.cell.lock().value {
-            Value::Engine(t) => torch_dtype(py, t.dtype()),
-            Value::Host { dtype, .. } => Ok(dtype.clone_ref(py)),
+        match &*self.cell.lock() {
+            State::Engine(t) => torch_dtype(py, t.dtype()),
+            State::Host { dtype, .. } => Ok(dtype.clone_ref(py)),
         }
     }
 

@@ -147,9 +147,7 @@ unsafe extern "C" fn whole_value(
     let tensor = {
         let state = (*cell).lock();
         match engine_value(&state, &engine.get().ctx) {
-            Some(t) if scalar_type(t.dtype()) == dtype && same_sizes(&state.shape, sizes) => {
-                t.clone()
-            }
+            Some(t) if scalar_type(t.dtype()) == dtype && same_sizes(t.shape(), sizes) => t.clone(),
             _ => return std::ptr::null_mut(),
         }
     };

@@ -19,6 +19,7 @@ use std::ffi::c_void;
 
 use deferfuse::{Context, DType, Mode, Scalar, ScalarOrTensor, Tensor};
 use pyo3::prelude::*;
+use smallvec::SmallVec;
 
 use abi::{kind, Arg, Out};
 
@@ -118,8 +119,8 @@ impl A<'_> {
 /// never follows a partial write).
 #[derive(Default)]
 pub struct Done<'a> {
-    pub outs: Vec<Ret>,
-    pub writes: Vec<(&'a Cell, Tensor)>,
+    pub outs: SmallVec<[Ret; 2]>,
+    pub writes: SmallVec<[(&'a Cell, Tensor); 1]>,
 }
 
 pub enum Ret {
@@ -172,11 +173,11 @@ unsafe fn operand<'a>(arg: &'a Arg, ctx: &Context) -> Option<Operand<'a>> {
     if value.dtype() != dtype || arg.int != 0 {
         return None;
     }
-    if abi::same_sizes(&state.shape, sizes) && contiguous(sizes, strides) {
+    if abi::same_sizes(value.shape(), sizes) && contiguous(sizes, strides) {
         return Some(Operand { value: value.clone(), whole: Some(cell) });
     }
     let numel: i64 = sizes.iter().product();
-    if numel == 0 || numel != state.shape.iter().product::<usize>() as i64 {
+    if numel == 0 || numel != value.shape().iter().product::<usize>() as i64 {
         return None;
     }
     let value = permuted(value, sizes, strides)?;
@@ -294,9 +295,7 @@ fn out_record(ret: Ret) -> Out {
             }
             let dtype = scalar_type(t.dtype());
             let rank = t.shape().len() as u32;
-            let shape = t.shape().to_vec();
-            let cell =
-                Cell::new(crate::root::State { value: crate::root::Value::Engine(t), shape });
+            let cell = Cell::new(crate::root::State::Engine(t));
             Out { cell: std::sync::Arc::into_raw(cell), input: -1, dtype, rank, sizes }
         }
     }

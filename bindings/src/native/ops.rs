@@ -5,6 +5,7 @@
 //! Python side derives them (`_dispatch.inplace_kernel`, `foreach_kernel`).
 
 use deferfuse::{Context, DType, Result, Scalar, ScalarOrTensor, Tensor};
+use smallvec::smallvec;
 
 use super::{Done, Operand, Outcome, Ret, A};
 use crate::root::{from_scalar_type, Cell};
@@ -292,7 +293,7 @@ fn log_softmax_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
 // ---- forms -------------------------------------------------------------------------
 
 fn functional<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
-    Ok(f(ctx, a)?.map(|t| Done { outs: vec![Ret::Fresh(t)], writes: vec![] }))
+    Ok(f(ctx, a)?.map(|t| Done { outs: smallvec![Ret::Fresh(t)], writes: smallvec![] }))
 }
 
 /// PyTorch's `can_cast` between engine dtypes: never to a lower category
@@ -326,7 +327,8 @@ fn write_self<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Result<Option<(&'a C
 }
 
 fn inplace<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
-    Ok(write_self(f, ctx, a)?.map(|w| Done { outs: vec![Ret::Input(0)], writes: vec![w] }))
+    Ok(write_self(f, ctx, a)?
+        .map(|w| Done { outs: smallvec![Ret::Input(0)], writes: smallvec![w] }))
 }
 
 /// The arguments of element `i` of a `_foreach_` op: lists of length `n`
@@ -374,7 +376,7 @@ fn copy_from<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
     if value.shape() != dst.shape() {
         value = value.expand(dst.shape())?;
     }
-    Ok(Some(Done { outs: vec![Ret::Input(1)], writes: vec![(*cell, value)] }))
+    Ok(Some(Done { outs: smallvec![Ret::Input(1)], writes: smallvec![(*cell, value)] }))
 }
 
 macro_rules! table {
