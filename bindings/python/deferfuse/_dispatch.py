@@ -132,15 +132,20 @@ def check_devices(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
 
 def _mutated_args(
     op: torch._ops.OpOverload, args: tuple, kwargs: dict
-) -> list[tuple[torch.Tensor, int | str]]:
-    """The `tpu` tensors the op writes to, with their position or name."""
+) -> list[tuple[torch.Tensor, int | str, int | None]]:
+    """The `tpu` tensors the op writes to: (tensor, position or name, index
+    in the list for list arguments such as `_amp_foreach_*`'s `Tensor(a!)[]`)."""
     out = []
     for i, a in enumerate(op._schema.arguments):
         if a.alias_info is None or not a.alias_info.is_write:
             continue
-        value = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
-        if is_tpu(value):
-            out.append((value, i if i < len(args) and not a.kwarg_only else a.name))
+        positional = i < len(args) and not a.kwarg_only
+        value = args[i] if positional else kwargs.get(a.name)
+        where = i if positional else a.name
+        if isinstance(value, (list, tuple)):
+            out.extend((t, where, j) for j, t in enumerate(value) if is_tpu(t))
+        elif is_tpu(value):
+            out.append((value, where, None))
     return out
 
 
@@ -168,11 +173,15 @@ def cpu_fallback(
         cpu_kwargs["device"] = torch.device("cpu")
     result = op(*cpu_args, **cpu_kwargs)
     mutated = _mutated_args(op, args, kwargs)
-    for original, where in mutated:
-        new = cpu_args[where] if isinstance(where, int) else cpu_kwargs[where]
-        _store(original, new)
+
+    def cpu_value(where: int | str, index: int | None) -> Any:
+        value = cpu_args[where] if isinstance(where, int) else cpu_kwargs[where]
+        return value if index is None else value[index]
+
+    for original, where, index in mutated:
+        _store(original, cpu_value(where, index))
     returns = op._schema.returns
-    mutated_ids = {id(cpu_args[w] if isinstance(w, int) else cpu_kwargs[w]): t for t, w in mutated}
+    mutated_ids = {id(cpu_value(w, j)): t for t, w, j in mutated}
 
     def back(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
