@@ -10,6 +10,7 @@ use rewrite_rules::program::{MatMulKernel, View};
 use trace_ir::shape::{broadcast_shapes, numel};
 use trace_ir::{DType, Error, Meta, Result, Shape};
 
+use super::bf16_gemm;
 use super::io::{bf16_to_f32, f32_to_bf16_bits};
 use super::loops::{view_geometry, LoopExec};
 use super::tile::Isa;
@@ -129,8 +130,6 @@ impl MatMulExec {
         let total = numel(&out_shape);
         let out_meta = Meta::new(out_shape.clone(), self.out.dtype);
         check_alloc(&out_meta)?;
-        let x = widen(host(a)?, tracker)?;
-        let y = widen(host(b)?, tracker)?;
         // The product goes straight into the output when nothing follows and
         // it is f32; otherwise into a counted scratch buffer.
         let direct = self.epilogue.is_none() && self.out.dtype == DType::F32;
@@ -139,20 +138,17 @@ impl MatMulExec {
             _ => vec![0.0f32; total],
         };
         let lease = Lease::new(tracker, total * 4);
-        if m * n > 0 && kk > 0 {
-            gemm_batched(
-                &mut result,
-                x.as_slice(),
-                (&sa, &sta, oa),
-                y.as_slice(),
-                (&sb, &stb, ob),
-                &batch,
-                (m, kk, n),
-            );
-        } else {
-            result.fill(0.0);
+        let operands = ((&sa[..], &sta, oa), (&sb[..], &stb, ob));
+        match (host(a)?, host(b)?) {
+            _ if m * n == 0 || kk == 0 => result.fill(0.0),
+            (HostData::BF16(x), HostData::BF16(y)) if bf16_gemm::available() => {
+                bf16_batched(&mut result, x, y, operands, &batch, (m, kk, n))
+            }
+            (ha, hb) => {
+                let (x, y) = (widen(ha, tracker)?, widen(hb, tracker)?);
+                gemm_batched(&mut result, x.as_slice(), y.as_slice(), operands, &batch, (m, kk, n));
+            }
         }
-        drop((x, y));
         if direct {
             return Ok(vec![Buffer::from_reused(out_meta, HostData::F32(result), lease)]);
         }
@@ -189,17 +185,16 @@ impl MatMulExec {
     }
 }
 
-/// `dst[batch, m, n] = lhs[batch, m, k] @ rhs[batch, k, n]` over strided
-/// operand views (shape, strides, offset) whose batch dimensions broadcast.
-fn gemm_batched(
-    dst: &mut [f32],
-    x: &[f32],
-    (sa, sta, oa): (&[usize], &Strides, usize),
-    y: &[f32],
-    (sb, stb, ob): (&[usize], &Strides, usize),
+/// A strided operand view: shape, strides, offset.
+type ViewGeometry<'a> = (&'a [usize], &'a Strides, usize);
+
+/// The operand offsets of each output matrix of a batched product whose
+/// batch dimensions broadcast.
+fn batch_offsets(
+    (sa, sta, oa): ViewGeometry<'_>,
+    (sb, stb, ob): ViewGeometry<'_>,
     batch: &[usize],
-    (m, k, n): (usize, usize, usize),
-) {
+) -> Vec<(usize, usize)> {
     // Batch strides of each operand over the output's batch dimensions.
     let batch_strides = |s: &[usize], st: &Strides| -> Strides {
         let nb = s.len() - 2;
@@ -215,6 +210,40 @@ fn gemm_batched(
     walk(batch, [&ba, &bb], 0, batches, |_, [pa, pb], run| {
         offsets.extend((0..run).map(|t| (oa + pa + t * ia, ob + pb + t * ib)));
     });
+    offsets
+}
+
+/// The product of bf16 operands on the bf16 dot-product unit (`bf16_gemm`).
+fn bf16_batched(
+    dst: &mut [f32],
+    x: &[bf16],
+    y: &[bf16],
+    (va, vb): (ViewGeometry<'_>, ViewGeometry<'_>),
+    batch: &[usize],
+    (m, k, n): (usize, usize, usize),
+) {
+    let (sta, stb) = (va.1, vb.1);
+    let (ra, ca) = (sta[sta.len() - 2], sta[sta.len() - 1]);
+    let (rb, cb) = (stb[stb.len() - 2], stb[stb.len() - 1]);
+    for (d, &(pa, pb)) in dst.chunks_mut(m * n).zip(&batch_offsets(va, vb, batch)) {
+        let a = bf16_gemm::Operand { data: x, offset: pa, rows: ra, cols: ca };
+        let b = bf16_gemm::Operand { data: y, offset: pb, rows: rb, cols: cb };
+        bf16_gemm::gemm(d, a, b, (m, k, n));
+    }
+}
+
+/// `dst[batch, m, n] = lhs[batch, m, k] @ rhs[batch, k, n]` over strided
+/// operand views (shape, strides, offset) whose batch dimensions broadcast.
+fn gemm_batched(
+    dst: &mut [f32],
+    x: &[f32],
+    y: &[f32],
+    (va, vb): (ViewGeometry<'_>, ViewGeometry<'_>),
+    batch: &[usize],
+    (m, k, n): (usize, usize, usize),
+) {
+    let offsets = batch_offsets(va, vb, batch);
+    let (sta, stb) = (va.1, vb.1);
     let (ra, ca) = (sta[sta.len() - 2], sta[sta.len() - 1]);
     let (rb, cb) = (stb[stb.len() - 2], stb[stb.len() - 1]);
     // A transposed rhs (a weight read through `w.t()`, as `F.linear` reads

@@ -4,6 +4,7 @@
 //! converting loads and rounding stores ([`io`]); [`gemm`] runs matrix
 //! products over strided operand views with an epilogue loop.
 
+pub(crate) mod bf16_gemm;
 pub(crate) mod gemm;
 pub(crate) mod io;
 pub(crate) mod loops;
