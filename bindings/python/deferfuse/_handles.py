@@ -130,7 +130,10 @@ def read(t: torch.Tensor, root: Root | None = None) -> Value:
     if t.dtype is not root.dtype and _untyped_bytes(root, t.dtype):
         v = _take_dtype(root, v, t.dtype)
     if t.dtype is not root.dtype:
-        if not _storage_copy(t):
+        if _storage_copy(t):
+            # A storage that `resize_` grew may hold more bytes than its root.
+            v = _grow(root, v, ((-(-t.numel() // root.dtype.itemsize),), (1,), 0))
+        else:
             _state.count_fallback("aten::view.dtype (read of a view of another dtype)")
         cpu = _bytes_as(v, t.dtype).as_strided(*spec_of(t))
         return from_cpu_value(cpu) if t.dtype in TO_ENGINE else cpu.clone()
