@@ -220,6 +220,33 @@ def test_loading_with_mmap(tmp_path):
         assert torch.equal(back["w"].cpu(), state["w"].cpu())
 
 
+def test_an_mmap_load_outlives_its_file(tmp_path):
+    """Loaded onto tpu, the values stay in the file's pages until first read
+    (no second host copy); the mapping keeps them after the file is gone."""
+    path = tmp_path / "state.pt"
+    state = {"w": torch.randn(16, 16), "i": torch.arange(9, dtype=torch.int64)}
+    torch.save(state, path)
+    back = torch.load(path, mmap=True, map_location="tpu", weights_only=True)
+    path.unlink()
+    assert torch.equal((back["w"] * 1).cpu(), state["w"]) and torch.equal(back["i"].cpu(), state["i"])
+
+
+def test_restoring_to_tpu_keeps_the_loaded_bytes_instead_of_copying_them():
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storage = torch.arange(4, dtype=torch.float32).untyped_storage()
+    with pytest.raises(RuntimeError, match="device_count"):
+        torch.serialization.default_restore_location(storage, "tpu:3")
+    restored = torch.serialization.default_restore_location(storage, "tpu:0")
+    assert restored.device == torch.device("tpu", 0) and restored.nbytes() == 16
+    loaded = StorageWeakRef(storage)
+    del storage
+    assert not loaded.expired()  # the tpu storage holds the loaded bytes: no host copy
+    on_tpu = torch.empty(0, device="tpu").set_(restored)
+    assert (on_tpu * 2).tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert loaded.expired()  # read once, the value is the engine's and the bytes are gone
+
+
 # ---- optimizers ------------------------------------------------------------------
 
 

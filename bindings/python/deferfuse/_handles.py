@@ -133,6 +133,8 @@ def read(t: torch.Tensor, root: Root | None = None) -> Value:
         if _storage_copy(t):
             # A storage that `resize_` grew may hold more bytes than its root.
             v = _grow(root, v, ((-(-t.numel() // root.dtype.itemsize),), (1,), 0))
+            if type(v) is _engine.Tensor:
+                return _bytes_as(v, torch.uint8)[: t.numel()]  # a fresh host copy already
         else:
             _state.count_fallback("aten::view.dtype (read of a view of another dtype)")
         cpu = _bytes_as(v, t.dtype).as_strided(*spec_of(t))
