@@ -45,6 +45,7 @@
 
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <cstdlib>
 #include <cstring>
 
@@ -62,6 +63,11 @@ const c10::Device kDevice(kTpu, 0);
 std::mutex stats_mutex;
 c10::CachingAllocator::Stat byte_stat;
 c10::CachingAllocator::Stat allocation_stat;
+// Live blocks by host address (guarded by stats_mutex): PyTorch's legacy
+// serializer (`pickle`, `_use_new_zipfile_serialization=False`) reads a
+// storage through `at::from_blob(storage.data_ptr())`, whose DataPtr names
+// only the address.
+std::unordered_map<const void*, Block*> blocks_by_host;
 
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
@@ -69,6 +75,7 @@ void free_block(void* ctx) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     byte_stat.decrease(block->nbytes);
     allocation_stat.decrease(1);
+    blocks_by_host.erase(block->host);
   }
   release_root(block->root);
   std::free(block->host);
@@ -85,6 +92,7 @@ struct EngineAllocator final : c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(stats_mutex);
       byte_stat.increase(nbytes);
       allocation_stat.increase(1);
+      blocks_by_host.emplace(host, block);
     }
     return {host, block, &free_block, kDevice};
   }
@@ -132,7 +140,15 @@ EngineAllocator allocator;
 const EngineApi* engine_api = nullptr;
 
 Block* block_of(const c10::DataPtr& data) {
-  return data.get_deleter() == &free_block ? static_cast<Block*>(data.get_context()) : nullptr;
+  if (data.get_deleter() == &free_block) {
+    return static_cast<Block*>(data.get_context());
+  }
+  if (data.device().type() != kTpu) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  auto it = blocks_by_host.find(data.get());
+  return it == blocks_by_host.end() ? nullptr : it->second;
 }
 
 namespace {

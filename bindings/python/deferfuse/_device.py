@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 import torch._tensor_str
 
-from . import _native
+from . import _native, _serialization, _sharing
 from . import _tpu_module as TpuModule
 
 
@@ -37,6 +37,8 @@ def setup() -> None:
     torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", TpuModule)
+    _serialization.register()
+    _sharing.register()
     # The printer looks `_tensor_str` up at each call, so wrapping it here
     # covers print, repr and str (the device suffix is computed elsewhere).
     torch._tensor_str._tensor_str = _print_from_the_host(torch._tensor_str._tensor_str)

@@ -116,8 +116,16 @@ def read(t: torch.Tensor, root: Root | None = None) -> Value:
     if root.owned_by(_local.current) and _is_whole(t, root):
         return root.value  # a whole root in the current mode
     v = _current(root)
+    if t.dtype is not root.dtype and _untyped_bytes(root, t.dtype):
+        v = _take_dtype(root, v, t.dtype)
     if t.dtype is not root.dtype:
-        _state.count_fallback("aten::view.dtype (read of a view of another dtype)")
+        if _storage_copy(t):
+            # A storage that `resize_` grew may hold more bytes than its root.
+            v = _grow(root, v, ((-(-t.numel() // root.dtype.itemsize),), (1,), 0))
+            if type(v) is _engine.Tensor:
+                return _bytes_as(v, torch.uint8)[: t.numel()]  # a fresh host copy already
+        else:
+            _state.count_fallback("aten::view.dtype (read of a view of another dtype)")
         cpu = _bytes_as(v, t.dtype).as_strided(*spec_of(t))
         return from_cpu_value(cpu) if t.dtype in TO_ENGINE else cpu.clone()
     spec = spec_of(t)
@@ -169,6 +177,30 @@ def _bytes_as(v: Value, dtype: torch.dtype) -> torch.Tensor:
     `view(torch.int32)` or `view_as_real`), on the CPU."""
     cpu = to_cpu_value(v).reshape(-1)
     return cpu.view(torch.uint8).view(dtype)
+
+
+def _untyped_bytes(root: Root, dtype: torch.dtype) -> bool:
+    """The root holds bytes that a storage copy wrote (`torch.load`,
+    unpickling and `torch.multiprocessing` fill a storage untyped, and PyTorch
+    names the dtype only in the tensors it then sets on it), and `dtype`
+    tiles them."""
+    return (
+        root.dtype is torch.uint8 and dtype is not torch.uint8 and math.prod(root.shape) % dtype.itemsize == 0
+    )
+
+
+def _take_dtype(root: Root, v: Value, dtype: torch.dtype) -> Value:
+    """Retypes an untyped root, once, as the dtype it is first read as: left
+    as bytes, every later read would convert them again on the CPU."""
+    typed = _bytes_as(v, dtype)
+    root.set(from_cpu_value(typed) if dtype in TO_ENGINE else typed)
+    return root.value
+
+
+def _storage_copy(t: torch.Tensor) -> bool:
+    """`t` is every byte of its storage: a storage copy (`storage.cpu()`,
+    `torch.save`, pickling), which moves bytes and computes nothing."""
+    return t.dtype is torch.uint8 and t.numel() == t.untyped_storage().nbytes() and t.is_contiguous()
 
 
 def _write_bytes(root: Root, old: Value, t: torch.Tensor, value: Value) -> None:

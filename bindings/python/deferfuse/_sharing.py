@@ -1,0 +1,50 @@
+"""`tpu` tensors crossing processes through `torch.multiprocessing` (queues,
+pipes, pool arguments, DataLoader workers).
+
+PyTorch hands a CUDA storage to another process as an IPC handle to the same
+device memory. A `tpu` storage's value lives in this process's engine, which
+no other process can map, so it travels as a copy: its bytes go through a
+CPU storage in shared memory (PyTorch's own CPU sharing: a file descriptor
+or a file name, whichever strategy is set), and the receiver uploads them
+into a storage of its own. Views sent together still share one storage on
+arrival, as they do for CPU tensors; writes made after sending are not seen
+by the other process (with CUDA they would be).
+
+Plain `pickle` and `copy.deepcopy` need nothing here: PyTorch's storage
+pickling and cloning work on `tpu` as on CUDA.
+"""
+
+from __future__ import annotations
+
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
+
+import torch
+from torch.multiprocessing import reductions
+
+
+def _reduce_storage(storage: torch.UntypedStorage) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    if storage.device.type != "tpu":
+        return reductions.reduce_storage(storage)
+    nbytes = storage.nbytes()
+    if nbytes == 0:
+        # Shared memory cannot map zero bytes (PyTorch special-cases these too).
+        return (_rebuild_empty, ())
+    shared = torch.UntypedStorage._new_shared(nbytes)
+    shared.copy_(storage)
+    # The shared CPU storage is pickled in turn, by PyTorch's own reducer.
+    return (_rebuild_on_tpu, (shared,))
+
+
+def _rebuild_on_tpu(shared: torch.UntypedStorage) -> torch.UntypedStorage:
+    return shared.to(device=torch.device("tpu", 0))
+
+
+def _rebuild_empty() -> torch.UntypedStorage:
+    return torch.UntypedStorage(0, device="tpu")
+
+
+def register() -> None:
+    """Puts the `tpu` case in front of PyTorch's storage reducer (which
+    would try to share a `tpu` storage as CPU shared memory, and fail)."""
+    ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
