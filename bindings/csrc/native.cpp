@@ -18,6 +18,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
@@ -187,6 +189,31 @@ at::Tensor result(const Out& out, c10::ArrayRef<c10::IValue> inputs) {
   return t;
 }
 
+// An argument as a Python kernel receives it: dtypes, layouts and memory
+// formats, which an IValue holds as integers, become torch objects.
+pybind11::object to_python(c10::IValue value, const c10::TypePtr& declared) {
+  c10::TypePtr type = declared;
+  if (const auto* optional = type->castRaw<c10::OptionalType>()) {
+    type = optional->getElementType();
+  }
+  if (value.isInt()) {
+    switch (type->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return pybind11::reinterpret_borrow<pybind11::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(value.toScalarType())));
+      case c10::TypeKind::LayoutType:
+        return pybind11::reinterpret_borrow<pybind11::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPLayout(value.toLayout())));
+      case c10::TypeKind::MemoryFormatType:
+        return pybind11::reinterpret_borrow<pybind11::object>(
+            torch::utils::getTHPMemoryFormat(value.toMemoryFormat()));
+      default:
+        break;
+    }
+  }
+  return torch::jit::toPyObject(std::move(value));
+}
+
 // The op's Python kernel, called as PyTorch calls a kernel registered
 // from Python: positional arguments by position, keyword-only ones by name.
 void run_python(const c10::OperatorHandle& op, PyObject* python, torch::jit::Stack* stack) {
@@ -196,8 +223,8 @@ void run_python(const c10::OperatorHandle& op, PyObject* python, torch::jit::Sta
   pybind11::list args;
   pybind11::dict kwargs;
   for (size_t i = 0; i < arguments.size(); ++i) {
-    pybind11::object value = torch::jit::toPyObject(std::move(arguments[i]));
     const c10::Argument& a = schema.arguments()[i];
+    pybind11::object value = to_python(std::move(arguments[i]), a.real_type());
     if (a.kwarg_only()) {
       kwargs[pybind11::str(a.name())] = value;
     } else {

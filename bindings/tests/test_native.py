@@ -136,6 +136,21 @@ def test_autograd_through_native_kernels(mode):
     torch.testing.assert_close(tw.grad.cpu(), w.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_python_path_receives_dtypes_as_dtypes(mode, dtype):
+    # A low-precision softmax backward takes the Python kernel, whose
+    # `input_dtype` argument must arrive as a torch.dtype (an IValue holds it
+    # as an integer) for the lowering to run it on the engine.
+    before = deferfuse.fallback_counts()
+    a, ta = pair(4, 8, dtype=dtype, seed=7)
+    for x in (a, ta):
+        x.requires_grad_(True)
+        (torch.log_softmax(x, -1) * 3.0).sum().backward()
+        (torch.softmax(x, -1) * 3.0).sum().backward()
+    assert not deferfuse.fallback_counts() - before
+    torch.testing.assert_close(ta.grad.cpu(), a.grad, rtol=2e-2, atol=2e-2)
+
+
 def test_other_threads_compute_in_their_own_mode():
     out = {}
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _engine, _handles, _native, _state
+from . import _engine, _grad_scaler, _handles, _native, _state
 from . import lowerings as _lowerings
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
@@ -612,6 +612,12 @@ def register() -> None:
     impl("_copy_from_and_resize", copy_from_and_resize, "binding: _dispatch.copy_from_and_resize")
     impl("_local_scalar_dense", local_scalar_dense, "binding: reads the value back")
     impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type, "binding: metadata")
+    impl(
+        "_amp_foreach_non_finite_check_and_unscale_",
+        _grad_scaler.non_finite_check_and_unscale_,
+        "binding: _grad_scaler.non_finite_check_and_unscale_ (engine ops)",
+    )
+    impl("_amp_update_scale_", _grad_scaler.update_scale_, "binding: _grad_scaler.update_scale_ (engine ops)")
     for scatter, view in (
         ("slice_scatter", aten.slice.Tensor),
         ("select_scatter", aten.select.int),
