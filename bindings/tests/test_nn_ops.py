@@ -3,6 +3,8 @@ nn.py, pooling.py, scatter.py): each against CPU eager, including NaN, signed
 zeros, infinities, ties and duplicate indices, and each without the CPU
 fallback."""
 
+import copy
+
 import pytest
 import torch
 from helpers import on_tpu
@@ -490,3 +492,104 @@ def test_grid_sample_split_in_halves(nan_mode, no_fallback):
     torch.testing.assert_close(
         on_tpu(F.grid_sample, x, grid, align_corners=False), want, rtol=1e-5, atol=1e-5
     )
+
+
+# ---- convolution and batch norm in training -------------------------------------
+
+CONVS = [
+    # (dims, in channels, out channels, kernel, stride, padding, dilation, groups, spatial)
+    (1, 3, 4, 3, 1, 0, 1, 1, 9),
+    (1, 4, 6, 2, 3, 1, 2, 2, 11),
+    (2, 3, 8, 3, 1, 1, 1, 1, 7),
+    (2, 4, 4, 3, 2, 1, 1, 4, 8),
+    (2, 6, 4, (1, 3), (2, 1), (0, 2), (1, 2), 2, 9),
+    (2, 2, 3, 5, 2, 2, 1, 1, 6),
+    (3, 2, 4, 2, 2, 1, 1, 2, 5),
+]
+
+
+def _conv_gradients(device, conv, x, mask):
+    conv = copy.deepcopy(conv).to(device)
+    x = x.detach().clone().to(device).requires_grad_(mask[0])
+    conv.weight.requires_grad_(mask[1])
+    conv.bias.requires_grad_(mask[2])
+    y = conv(x)
+    (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape).to(device)).sum().backward()
+    return [t.grad.cpu() if t.grad is not None else None for t in (x, conv.weight, conv.bias)]
+
+
+@pytest.mark.parametrize("case", CONVS)
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)])
+def test_convolution_backward_matches_cpu(mode, no_fallback, case, mask):
+    dims, cin, cout, k, s, p, d, g, size = case
+    cls = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)[dims - 1]
+    torch.manual_seed(0)
+    conv = cls(cin, cout, k, stride=s, padding=p, dilation=d, groups=g)
+    x = torch.randn([2, cin] + [size] * dims)
+    want = _conv_gradients("cpu", conv, x, mask)
+    got = _conv_gradients("tpu", conv, x, mask)
+    for a, b in zip(want, got):
+        assert (a is None) == (b is None)
+        if a is not None:
+            # f32 sums of up to a few hundred products, ordered differently.
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_convolution_backward_falls_back_with_its_arguments_in_place():
+    # The engine does not lower transposed convolutions; their backward runs
+    # PyTorch's CPU kernel, which takes one more argument (the bias's size).
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2)
+    x = torch.randn(2, 4, 5, 5)
+    mask = (True, True, True)
+    want, got = _conv_gradients("cpu", conv, x, mask), _conv_gradients("tpu", conv, x, mask)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_batch_norm_trains_like_cpu(mode, no_fallback, train):
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 2, 1),
+        ).to(device)
+        model.train(train)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(1)).to(device)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        bn = model[1]
+        results[device] = (losses, bn.running_mean.cpu(), bn.running_var.cpu(), bn.num_batches_tracked.cpu())
+    (cl, cm, cv, cn), (tl, tm, tv, tn) = results["cpu"], results["tpu"]
+    torch.testing.assert_close(torch.tensor(tl), torch.tensor(cl), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tm, cm, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tv, cv, rtol=1e-5, atol=1e-6)
+    assert torch.equal(tn, cn)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_group_norm_backward_matches_cpu(mode, no_fallback, groups):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.GroupNorm(groups, 8), torch.nn.SiLU()
+    )
+    x = torch.randn(2, 4, 6, 6)
+    grads = []
+    for device in ("cpu", "tpu"):
+        m, xx = copy.deepcopy(model).to(device), x.clone().to(device).requires_grad_()
+        m(xx).square().sum().backward()
+        grads.append([t.cpu() for t in (xx.grad, m[1].weight.grad, m[1].bias.grad, m[0].weight.grad)])
+    for a, b in zip(*grads):
+        # f32 sums of a few hundred terms in another order: within 1e-5 of
+        # the largest gradient.
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())

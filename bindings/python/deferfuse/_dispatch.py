@@ -345,18 +345,53 @@ def with_fallback(lowering: Callable[..., Any], fallback: Callable[..., Any]) ->
     return kernel
 
 
-def cpu_twin(op: torch._ops.OpOverload, cpu_op: torch._ops.OpOverload) -> Callable[..., Any]:
+def cpu_twin(
+    op: torch._ops.OpOverload,
+    cpu_op: torch._ops.OpOverload,
+    arguments: Callable[..., tuple] = lambda *args: args,
+) -> Callable[..., Any]:
     """Ops PyTorch routes to an `*_overrideable` hook on other devices run
-    their CPU twin (convolution for convolution_overrideable)."""
+    their CPU twin (convolution for convolution_overrideable), with the
+    twin's positional `arguments` made from the hook's."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         check_devices(op, args, kwargs)
-        _state.count_fallback(op.name(), "no engine convolution yet")
-        cpu_args = tree_map(lambda x: to_cpu(x) if is_tpu(x) else x, args)
+        _state.count_fallback(op.name(), "not lowered for these arguments")
+        cpu_args = tree_map(lambda x: to_cpu(x) if is_tpu(x) else x, arguments(*args))
         result = cpu_op(*cpu_args, **kwargs)
         return tree_map(lambda x: from_cpu(x) if isinstance(x, torch.Tensor) else x, result)
 
     return kernel
+
+
+def _convolution_backward_arguments(
+    grad_output: Any,
+    input: Any,
+    weight: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: Any,
+) -> tuple:
+    """`convolution_backward`'s arguments from the overrideable hook's: it
+    also takes the bias's size (the output channels), after the weight."""
+    channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    return (
+        grad_output,
+        input,
+        weight,
+        [channels],
+        stride,
+        padding,
+        dilation,
+        transposed,
+        output_padding,
+        groups,
+        output_mask,
+    )
 
 
 def scatter_kernel(view: torch._ops.OpOverload) -> Callable[..., Any]:
@@ -409,6 +444,9 @@ DECOMPOSED: frozenset[str] = frozenset(
         "aten::nan_to_num.out",
         "aten::nansum",
         "aten::narrow_copy",
+        "aten::native_batch_norm",
+        "aten::native_batch_norm_backward",
+        "aten::native_group_norm_backward",
         "aten::native_dropout_backward",
         "aten::norm.ScalarOpt_dim",
         "aten::pixel_shuffle",
@@ -634,8 +672,15 @@ def register() -> None:
     )
     impl(
         "convolution_backward_overrideable",
-        cpu_twin(aten.convolution_backward_overrideable.default, aten.convolution_backward.default),
-        "CPU: aten::convolution_backward",
+        with_fallback(
+            _lowerings.convolution_backward,
+            cpu_twin(
+                aten.convolution_backward_overrideable.default,
+                aten.convolution_backward.default,
+                _convolution_backward_arguments,
+            ),
+        ),
+        f"lowering {_where(_lowerings.convolution_backward)} (the CPU's convolution_backward for other arguments)",
     )
     for name, lowering in LOWERINGS.items():
         packet, _, overload = name.partition(".")

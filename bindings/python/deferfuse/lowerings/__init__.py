@@ -24,6 +24,6 @@ from . import (  # noqa: F401  (they register)
     windows,
 )
 from ._registry import LOWERINGS, Unsupported
-from .matmul import convolution
+from .matmul import convolution, convolution_backward
 
-__all__ = ["LOWERINGS", "Unsupported", "convolution"]
+__all__ = ["LOWERINGS", "Unsupported", "convolution", "convolution_backward"]

@@ -1,4 +1,6 @@
-"""Matrix products, and convolution as im2col and one batched matmul."""
+"""Matrix products, and convolution as im2col and one batched matmul (its
+backward as the same columns: a matmul for the weight's gradient, and the
+transposed matmul put back in place, col2im, for the input's)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,72 @@ def addmm(self: ET, mat1: ET, mat2: ET, *, beta: Any = 1, alpha: Any = 1) -> ET:
 @lower("addmv.default")
 def addmv(self: ET, mat: ET, vec: ET, *, beta: Any = 1, alpha: Any = 1) -> ET:
     return addmm(self, mat, vec, beta=beta, alpha=alpha)
+
+
+def _geometry(
+    input: ET, weight: ET, stride: Any, padding: Any, dilation: Any, transposed: bool
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Stride, padding, dilation and output size of a convolution the
+    lowerings take (not transposed, batched, float, non-empty)."""
+    n = len(weight.shape) - 2
+    if (
+        transposed
+        or len(input.shape) != n + 2
+        or not is_float(input)
+        or input.dtype != weight.dtype
+        or math.prod(input.shape) == 0
+        or math.prod(weight.shape) == 0
+    ):
+        raise Unsupported("transposed, unbatched, integer or empty convolution")
+    s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
+    k = list(weight.shape[2:])
+    spatial = list(input.shape[2:])
+    out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(spatial, k, s, p, d)]
+    if any(o <= 0 for o in out):
+        raise Unsupported("convolution window larger than the input")
+    _check_size(input.shape[0] * input.shape[1] * math.prod(k), math.prod(out))
+    return s, p, d, out
+
+
+def _zeros_like_along(x: ET, axis: int, length: int) -> ET:
+    shape = list(x.shape)
+    shape[axis] = length
+    return eng().full(0.0, shape, x.dtype)
+
+
+def _place(x: ET, axis: int, start: int, stride: int, size: int) -> ET:
+    """`x` spread along `axis` into `size` positions: its element i lands at
+    `start + i * stride`, zeros everywhere else."""
+    o = x.shape[axis]
+    if stride > 1 and o > 1:
+        shape = list(x.shape)
+        x = x.reshape(shape[: axis + 1] + [1] + shape[axis + 1 :])
+        x = eng().cat([x, _zeros_like_along(x, axis + 1, stride - 1)], axis + 1)
+        x = x.reshape(shape[:axis] + [o * stride] + shape[axis + 1 :]).slice(axis, 0, (o - 1) * stride + 1, 1)
+    after = size - start - x.shape[axis]
+    parts = [_zeros_like_along(x, axis, start)] if start else []
+    parts.append(x)
+    if after:
+        parts.append(_zeros_like_along(x, axis, after))
+    return eng().cat(parts, axis) if len(parts) > 1 else x
+
+
+def _col2im(cols: ET, spatial: list[int], k: list[int], s: list[int], p: list[int], d: list[int]) -> ET:
+    """The inverse placement of `_columns`: [N, C, prod(k), *out] summed back
+    into [N, C, *spatial] (where windows overlap, their values add)."""
+    batch, channels = cols.shape[0], cols.shape[1]
+    out = list(cols.shape[3:])
+    padded = [size + 2 * pp for size, pp in zip(spatial, p)]
+    total = None
+    for i, offset in enumerate(_offsets(k)):
+        piece = cols.slice(2, i, i + 1, 1).reshape([batch, channels] + out)
+        for axis, (ss, dd, off, size) in enumerate(zip(s, d, offset, padded)):
+            piece = _place(piece, 2 + axis, off * dd, ss, size)
+        total = piece if total is None else total.binary("add", piece)
+    for axis, (pp, size) in enumerate(zip(p, spatial)):
+        if pp:
+            total = total.slice(2 + axis, pp, pp + size, 1)
+    return total
 
 
 def _columns(input: ET, k: list[int], s: list[int], p: list[int], d: list[int], out: list[int]) -> ET:
@@ -97,24 +165,10 @@ def convolution(
 ) -> ET:
     """A convolution as the kernel's strided slices of the padded input
     (im2col) and one batched matmul with the weight, per group."""
-    n = len(weight.shape) - 2
-    if (
-        transposed
-        or len(input.shape) != n + 2
-        or not is_float(input)
-        or input.dtype != weight.dtype
-        or math.prod(input.shape) == 0
-        or math.prod(weight.shape) == 0
-    ):
-        raise Unsupported("transposed, unbatched, integer or empty convolution")
-    s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
+    s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
     k = list(weight.shape[2:])
+    n = len(k)
     batch, channels = input.shape[0], input.shape[1]
-    spatial = list(input.shape[2:])
-    out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(spatial, k, s, p, d)]
-    if any(o <= 0 for o in out):
-        raise Unsupported("convolution window larger than the input")
-    _check_size(batch * channels * math.prod(k), math.prod(out))
     cols = _columns(input, k, s, p, d, out)  # [N, C, K, *out]
     per_group = channels // groups
     cols = cols.reshape([batch, groups, per_group * math.prod(k), math.prod(out)])
@@ -123,3 +177,40 @@ def convolution(
     if bias is not None:
         y = y.binary("add", bias.reshape([1, weight.shape[0]] + [1] * n))
     return y
+
+
+def convolution_backward(
+    grad_output: ET,
+    input: ET,
+    weight: ET,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: Any,
+) -> tuple[ET | None, ET | None, ET | None]:
+    """The gradients of `convolution` for input, weight and bias (each only
+    where `output_mask` asks), from the forward's im2col columns."""
+    s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
+    if grad_output.dtype != input.dtype or list(grad_output.shape[2:]) != out:
+        raise Unsupported("a gradient of another dtype or shape")
+    k = list(weight.shape[2:])
+    n, taps = len(k), math.prod(k)
+    batch, channels, spatial = input.shape[0], input.shape[1], list(input.shape[2:])
+    per_group, out_per_group = channels // groups, weight.shape[0] // groups
+    gy = grad_output.reshape([batch, groups, out_per_group, math.prod(out)])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        w = weight.reshape([1, groups, out_per_group, per_group * taps]).permute([0, 1, 3, 2])
+        cols = w.matmul(gy).reshape([batch, channels, taps] + out)
+        grad_input = _col2im(cols, spatial, k, s, p, d)
+    if output_mask[1]:
+        cols = _columns(input, k, s, p, d, out).reshape([batch, groups, per_group * taps, math.prod(out)])
+        grad_weight = (
+            gy.matmul(cols.permute([0, 1, 3, 2])).reduce("sum", [0], False).reshape(list(weight.shape))
+        )
+    if output_mask[2]:
+        grad_bias = grad_output.reduce("sum", [0] + list(range(2, n + 2)), False)
+    return grad_input, grad_weight, grad_bias
