@@ -593,3 +593,28 @@ def test_group_norm_backward_matches_cpu(mode, no_fallback, groups):
         # f32 sums of a few hundred terms in another order: within 1e-5 of
         # the largest gradient.
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    "dims,kernel,stride,padding,dilation,ceil_mode,shape",
+    [
+        (2, 3, 2, 1, 1, False, (2, 3, 9, 9)),
+        (2, 2, 2, 0, 1, True, (1, 2, 7, 5)),
+        (2, (3, 2), (1, 2), (1, 0), (2, 1), True, (3, 8, 6)),
+        (3, 2, 1, 1, 1, False, (1, 2, 4, 5, 3)),
+    ],
+)
+def test_max_pool_backward_matches_cpu(
+    mode, no_fallback, dims, kernel, stride, padding, dilation, ceil_mode, shape
+):
+    # Overlapping windows add their gradients at a shared maximum; rounded
+    # values make ties, where the first maximum takes the gradient.
+    pool = (torch.nn.functional.max_pool2d, torch.nn.functional.max_pool3d)[dims - 2]
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 2).round()
+    grads = []
+    for device in ("cpu", "tpu"):
+        xx = x.clone().to(device).requires_grad_()
+        y = pool(xx, kernel, stride, padding, dilation, ceil_mode)
+        (y * torch.arange(y.numel()).reshape(y.shape).to(device)).sum().backward()
+        grads.append(xx.grad.cpu())
+    assert torch.equal(grads[1], grads[0])

@@ -11,7 +11,7 @@ from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, is_float, lower
 from .elementwise import _alpha
 from .lookups import _check_size
-from .nn import _offsets, _pool_param
+from .nn import _offsets, _place, _pool_param
 
 
 def _mm_check(a: ET, b: ET) -> None:
@@ -68,29 +68,6 @@ def _geometry(
         raise Unsupported("convolution window larger than the input")
     _check_size(input.shape[0] * input.shape[1] * math.prod(k), math.prod(out))
     return s, p, d, out
-
-
-def _zeros_like_along(x: ET, axis: int, length: int) -> ET:
-    shape = list(x.shape)
-    shape[axis] = length
-    return eng().full(0.0, shape, x.dtype)
-
-
-def _place(x: ET, axis: int, start: int, stride: int, size: int) -> ET:
-    """`x` spread along `axis` into `size` positions: its element i lands at
-    `start + i * stride`, zeros everywhere else."""
-    o = x.shape[axis]
-    if stride > 1 and o > 1:
-        shape = list(x.shape)
-        x = x.reshape(shape[: axis + 1] + [1] + shape[axis + 1 :])
-        x = eng().cat([x, _zeros_like_along(x, axis + 1, stride - 1)], axis + 1)
-        x = x.reshape(shape[:axis] + [o * stride] + shape[axis + 1 :]).slice(axis, 0, (o - 1) * stride + 1, 1)
-    after = size - start - x.shape[axis]
-    parts = [_zeros_like_along(x, axis, start)] if start else []
-    parts.append(x)
-    if after:
-        parts.append(_zeros_like_along(x, axis, after))
-    return eng().cat(parts, axis) if len(parts) > 1 else x
 
 
 def _col2im(cols: ET, spatial: list[int], k: list[int], s: list[int], p: list[int], d: list[int]) -> ET:

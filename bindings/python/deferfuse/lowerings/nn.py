@@ -207,11 +207,67 @@ def _scatter_to_planes(
     return out.reshape(planes + plane_shape)
 
 
-def _max_pool_backward(grad_output: ET, self: ET, indices: ET, n: int) -> ET:
+def _zeros_like_along(x: ET, axis: int, length: int) -> ET:
+    shape = list(x.shape)
+    shape[axis] = length
+    return eng().full(0.0, shape, x.dtype)
+
+
+def _place(x: ET, axis: int, start: int, stride: int, size: int) -> ET:
+    """`x` spread along `axis` into `size` positions: its element i lands at
+    `start + i * stride`, zeros everywhere else."""
+    o = x.shape[axis]
+    if stride > 1 and o > 1:
+        shape = list(x.shape)
+        x = x.reshape(shape[: axis + 1] + [1] + shape[axis + 1 :])
+        x = eng().cat([x, _zeros_like_along(x, axis + 1, stride - 1)], axis + 1)
+        x = x.reshape(shape[:axis] + [o * stride] + shape[axis + 1 :]).slice(axis, 0, (o - 1) * stride + 1, 1)
+    after = size - start - x.shape[axis]
+    parts = [_zeros_like_along(x, axis, start)] if start else []
+    parts.append(x)
+    if after:
+        parts.append(_zeros_like_along(x, axis, after))
+    return eng().cat(parts, axis) if len(parts) > 1 else x
+
+
+def _max_pool_backward(
+    grad_output: ET, self: ET, indices: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any
+) -> ET:
+    """Each output's gradient added at the input position its index names:
+    per window tap, the gradients whose index is that tap's position, put
+    back in place (col2im)."""
     if not is_float(self) or math.prod(self.shape) == 0:
         raise Unsupported("max pooling gradient of an integer or empty tensor")
-    planes = list(self.shape[:-n])
-    return _scatter_to_planes(grad_output, indices, planes, list(self.shape[-n:]), accumulate=True)
+    planes, spatial = list(self.shape[:-n]), list(self.shape[-n:])
+    k = _pool_param(kernel_size, n, None)
+    s, p, d = _pool_param(stride, n, k), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
+    out = list(grad_output.shape[-n:])
+    lead = len(planes)
+    # The padded extent every window fits in (ceil_mode's last windows may
+    # reach past the padding).
+    extent = [
+        max(size + 2 * pp, (o - 1) * ss + (kk - 1) * dd + 1)
+        for size, pp, o, ss, kk, dd in zip(spatial, p, out, s, k, d)
+    ]
+    flat = indices.cast("i64")
+    total = None
+    for offset in _offsets(k):
+        position, inside = None, None
+        for axis, (o, ss, dd, off, pp, size) in enumerate(zip(out, s, d, offset, p, spatial)):
+            coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp)
+            coord = coord.reshape([1] * axis + [o] + [1] * (n - axis - 1))
+            ok = coord.binary("ge", 0).binary("logical_and", coord.binary("lt", size))
+            term = coord.binary("mul", math.prod(spatial[axis + 1 :]))
+            position = term if position is None else position.binary("add", term)
+            inside = ok if inside is None else inside.binary("logical_and", ok)
+        hit = flat.binary("eq", position).binary("logical_and", inside)
+        piece = hit.where_(grad_output, 0.0)
+        for axis, (ss, dd, off, size) in enumerate(zip(s, d, offset, extent)):
+            piece = _place(piece, lead + axis, off * dd, ss, size)
+        total = piece if total is None else total.binary("add", piece)
+    for axis, (pp, size) in enumerate(zip(p, spatial)):
+        total = total.slice(lead + axis, pp, pp + size, 1)
+    return total
 
 
 @lower("max_pool2d_with_indices_backward.default")
@@ -225,7 +281,7 @@ def max_pool2d_backward(
     ceil_mode: bool,
     indices: ET,
 ) -> ET:
-    return _max_pool_backward(grad_output, self, indices, 2)
+    return _max_pool_backward(grad_output, self, indices, 2, kernel_size, stride, padding, dilation)
 
 
 @lower("max_pool3d_with_indices_backward.default")
@@ -239,7 +295,7 @@ def max_pool3d_backward(
     ceil_mode: bool,
     indices: ET,
 ) -> ET:
-    return _max_pool_backward(grad_output, self, indices, 3)
+    return _max_pool_backward(grad_output, self, indices, 3, kernel_size, stride, padding, dilation)
 
 
 def _max_unpool(self: ET, indices: ET, output_size: Any, n: int) -> ET:
