@@ -618,3 +618,21 @@ def test_max_pool_backward_matches_cpu(
         (y * torch.arange(y.numel()).reshape(y.shape).to(device)).sum().backward()
         grads.append(xx.grad.cpu())
     assert torch.equal(grads[1], grads[0])
+
+
+def test_cpu_indices_are_uploaded_as_on_cuda(mode, no_fallback):
+    # CUDA accepts CPU index tensors for indexing a device tensor, reading
+    # and writing, and in the backward of indexing (_index_put_impl_).
+    x = torch.randn(5, 6)
+    i, j = torch.tensor([0, 2, 2, 4]), torch.tensor([1, 1, 5, 0])
+    t = x.to("tpu")
+    assert torch.equal(t[i, j].cpu(), x[i, j]) and torch.equal(t[i].cpu(), x[i])
+    xc, tc = x.clone(), t.clone()
+    xc[i, j] = 7.0
+    tc[i, j] = 7.0
+    assert torch.equal(tc.cpu(), xc)
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    xg, tg = x.clone().requires_grad_(), t.clone().requires_grad_()
+    (xg[i, j] * w).sum().backward()
+    (tg[i, j] * w.to("tpu")).sum().backward()
+    assert torch.equal(tg.grad.cpu(), xg.grad)  # the repeated (2, 1) adds 2 + 3

@@ -232,12 +232,22 @@ def _lower(name: str, lowering: Callable[..., Any], a: tuple, k: dict) -> Any:
         eng.end_group()
 
 
+def _uploaded_indices(args: tuple) -> tuple:
+    """`args` of an op of `_CPU_INDICES_OK` with its CPU index tensors (the
+    second argument, a list) uploaded, as PyTorch does on CUDA."""
+    if len(args) < 2 or not isinstance(args[1], (list, tuple)):
+        return args
+    indices = [from_cpu(i) if isinstance(i, torch.Tensor) and i.is_cpu else i for i in args[1]]
+    return (args[0], indices, *args[2:])
+
+
 def functional_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> Callable[..., Any]:
     name = op.name()
+    upload = name in _CPU_INDICES_OK
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         try:
-            a, k = _map_args(args, kwargs)
+            a, k = _map_args(_uploaded_indices(args) if upload else args, kwargs)
             return _wrap(_lower(name, lowering, a, k))
         except Unsupported as e:
             return cpu_fallback(op, *args, why=f"not lowered for these arguments: {e}", **kwargs)
@@ -254,10 +264,11 @@ def _check_cast(op: str, value: ET, target: torch.dtype) -> None:
 def inplace_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> Callable[..., Any]:
     """`x.foo_(...)`: the functional lowering, written back into `x`."""
     name = op.name()
+    upload = name in _CPU_INDICES_OK
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
-            a, k = _map_args((self,) + args, kwargs)
+            a, k = _map_args(_uploaded_indices((self,) + args) if upload else (self,) + args, kwargs)
             value = _lower(name, lowering, a, k)
             if not isinstance(value, ET):
                 raise Unsupported("non-tensor result")
@@ -656,6 +667,18 @@ def register() -> None:
         "binding: _grad_scaler.non_finite_check_and_unscale_ (engine ops)",
     )
     impl("_amp_update_scale_", _grad_scaler.update_scale_, "binding: _grad_scaler.update_scale_ (engine ops)")
+    # What `index_put_` and the backward of indexing call: `index_put`'s
+    # lowering, in place (`unsafe` only skips checks the lowering makes anyway).
+    impl(
+        "_index_put_impl_",
+        inplace_kernel(
+            aten._index_put_impl_.default,
+            lambda self, indices, values, accumulate=False, unsafe=False: LOWERINGS["index_put.default"](
+                self, indices, values, accumulate
+            ),
+        ),
+        f"in place: `index_put.default` ({_where(LOWERINGS['index_put.default'])})",
+    )
     for scatter, view in (
         ("slice_scatter", aten.slice.Tensor),
         ("select_scatter", aten.select.int),

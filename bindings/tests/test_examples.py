@@ -1,0 +1,34 @@
+"""The examples of bindings/examples/ at their smallest size, two steps, in
+every mode: their losses (and minGPT's sampled characters) against CPU eager
+within each example's written tolerance, and the ops that fell back."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+import _runner  # noqa: E402
+
+#: example -> (tolerance, ops allowed to fall back to the CPU)
+CASES = {
+    "resnet": (1e-4, set()),
+    "mingpt": (1e-4, set()),
+    # Embedding bags train through PyTorch's CPU kernels for now.
+    "dlrm": (1e-5, {"aten::_embedding_bag", "aten::_embedding_bag_backward"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_example_trains_like_cpu_in_every_mode(name):
+    tolerance, allowed = CASES[name]
+    example = importlib.import_module(name)
+    rows = _runner.compare(name, example.train, tolerance, steps=2, size="tiny")
+    assert [way for way, *_ in rows] == ["CPU eager"] + [f"tpu {m}" for m in _runner.MODES]
+    for way, _first, _warm, fell in rows:
+        assert set(fell) <= allowed, f"{name} on {way} fell back: {fell}"
