@@ -636,3 +636,26 @@ def test_cpu_indices_are_uploaded_as_on_cuda(mode, no_fallback):
     (xg[i, j] * w).sum().backward()
     (tg[i, j] * w.to("tpu")).sum().backward()
     assert torch.equal(tg.grad.cpu(), xg.grad)  # the repeated (2, 1) adds 2 + 3
+
+
+@pytest.mark.parametrize("dims,factor", [(1, 3), (2, 2), (2, (1, 2)), (3, 2)])
+def test_nearest_upsampling_backward_matches_cpu(mode, no_fallback, dims, factor):
+    x = torch.randn([2, 3] + [4] * dims)
+    grads = []
+    for device in ("cpu", "tpu"):
+        xx = x.clone().to(device).requires_grad_()
+        y = torch.nn.functional.interpolate(xx, scale_factor=factor, mode="nearest")
+        (y * torch.arange(y.numel()).reshape(y.shape).to(device)).square().mean().backward()
+        grads.append(xx.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=0)
+
+
+def test_mse_loss_backward_matches_cpu(mode, no_fallback):
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    for reduction in ("mean", "sum", "none"):
+        grads = []
+        for device in ("cpu", "tpu"):
+            aa = a.clone().to(device).requires_grad_()
+            torch.nn.functional.mse_loss(aa, b.to(device), reduction=reduction).sum().backward()
+            grads.append(aa.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=1e-7)

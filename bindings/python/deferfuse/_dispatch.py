@@ -450,6 +450,7 @@ DECOMPOSED: frozenset[str] = frozenset(
         "aten::logaddexp2",
         "aten::mish",
         "aten::mse_loss",
+        "aten::mse_loss_backward",
         "aten::multi_margin_loss",
         "aten::multilabel_margin_loss_forward",
         "aten::nan_to_num.out",

@@ -364,3 +364,56 @@ def upsample_nearest_exact3d(
     scales_w: float | None = None,
 ) -> ET:
     return _upsample(self, output_size, [scales_d, scales_h, scales_w], True)
+
+
+def _upsample_backward(grad_output: ET, output_size: Any, input_size: Any, scales: list[Any]) -> ET:
+    """The gradient of nearest upsampling by whole factors: each input
+    element's r outputs, summed (a reshape and a sum per axis). Other ratios
+    go to the CPU."""
+    spatial = len(scales)
+    g = grad_output
+    if len(g.shape) != spatial + 2 or list(g.shape[2:]) != [int(s) for s in output_size]:
+        raise Unsupported("upsampling gradient arguments PyTorch rejects")
+    for i in range(spatial):
+        axis, n_in, n_out = 2 + i, int(input_size[2 + i]), int(output_size[i])
+        if (
+            n_in <= 0
+            or n_out % n_in
+            or _nearest_sources(n_in, n_out, scales[i], False) != [k // (n_out // n_in) for k in range(n_out)]
+        ):
+            raise Unsupported("nearest upsampling by a factor that is not whole")
+        r = n_out // n_in
+        if r > 1:
+            shape = list(g.shape)
+            g = g.reshape(shape[:axis] + [n_in, r] + shape[axis + 1 :]).reduce("sum", [axis + 1], False)
+    return g
+
+
+@lower("upsample_nearest1d_backward.default")
+def upsample_nearest1d_backward(
+    grad_output: ET, output_size: Any, input_size: Any, scales: float | None = None
+) -> ET:
+    return _upsample_backward(grad_output, output_size, input_size, [scales])
+
+
+@lower("upsample_nearest2d_backward.default")
+def upsample_nearest2d_backward(
+    grad_output: ET,
+    output_size: Any,
+    input_size: Any,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
+    return _upsample_backward(grad_output, output_size, input_size, [scales_h, scales_w])
+
+
+@lower("upsample_nearest3d_backward.default")
+def upsample_nearest3d_backward(
+    grad_output: ET,
+    output_size: Any,
+    input_size: Any,
+    scales_d: float | None = None,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> ET:
+    return _upsample_backward(grad_output, output_size, input_size, [scales_d, scales_h, scales_w])
