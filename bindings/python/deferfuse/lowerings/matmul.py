@@ -184,10 +184,13 @@ def convolution_backward(
         cols = w.matmul(gy).reshape([batch, channels, taps] + out)
         grad_input = _col2im(cols, spatial, k, s, p, d)
     if output_mask[1]:
+        # One matmul per group over every (sample, position) pair: a matmul
+        # per sample then a sum would write the weight's size once per sample.
+        positions = batch * math.prod(out)
         cols = _columns(input, k, s, p, d, out).reshape([batch, groups, per_group * taps, math.prod(out)])
-        grad_weight = (
-            gy.matmul(cols.permute([0, 1, 3, 2])).reduce("sum", [0], False).reshape(list(weight.shape))
-        )
+        cols = cols.permute([1, 0, 3, 2]).reshape([groups, positions, per_group * taps])
+        rows = gy.permute([1, 2, 0, 3]).reshape([groups, out_per_group, positions])
+        grad_weight = rows.matmul(cols).reshape(list(weight.shape))
     if output_mask[2]:
         grad_bias = grad_output.reduce("sum", [0] + list(range(2, n + 2)), False)
     return grad_input, grad_weight, grad_bias
