@@ -4,11 +4,12 @@ CPU eager.
 
     python bindings/examples/resnet.py [--size tiny|small] [--steps 5] [--compile]
 
-Tolerance: 2e-3 relative on each loss (measured: below 2e-5 over the first
-four steps, 1.1e-3 on the eval loss after eight). Float32 convolutions sum
-hundreds of products in another order than PyTorch's, batch norm divides by
-the batch's spread, and the model fits its one batch within a few steps, so
-a few ulp per layer compound over tens of layers and the steps.
+Each step trains on a new random batch. Tolerance: 1e-2 relative on each
+loss. Float32 convolutions sum hundreds of products in another order than
+PyTorch's, and training with batch norm on small batches amplifies such
+differences step by step: CPU eager against itself, on one thread instead
+of two, differs by 2.1e-3 after eight steps (measured on 2026-12-05); the
+first steps agree within 1e-5.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ def train(device: str, steps: int, size: str, compiled: bool, timer: Timer) -> l
     arch, batch, side = SIZES[size]
     model = getattr(torchvision.models, arch)(num_classes=10).to(device)
     run = torch.compile(model, backend="tpu" if device == "tpu" else "inductor") if compiled else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=2e-4, momentum=0.9)
     data = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 3, side, side, generator=data).to(device)
-    y = torch.randint(0, 10, (batch,), generator=data).to(device)
     losses = []
     for _ in range(steps):
+        x = torch.randn(batch, 3, side, side, generator=data).to(device)
+        y = torch.randint(0, 10, (batch,), generator=data).to(device)
         with timer:
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(run(x), y)
@@ -43,4 +44,4 @@ def train(device: str, steps: int, size: str, compiled: bool, timer: Timer) -> l
 
 
 if __name__ == "__main__":
-    main("ResNet", train, tolerance=2e-3)
+    main("ResNet", train, tolerance=1e-2)

@@ -18,7 +18,7 @@ import _runner  # noqa: E402
 
 #: example -> (tolerance, ops allowed to fall back to the CPU)
 CASES = {
-    "resnet": (2e-3, set()),
+    "resnet": (1e-4, set()),  # two steps; the example explains its 2e-2 over more
     "mingpt": (1e-4, set()),
     # Embedding bags train through PyTorch's CPU kernels for now.
     "dlrm": (1e-5, {"aten::_embedding_bag", "aten::_embedding_bag_backward"}),
