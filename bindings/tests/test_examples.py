@@ -20,8 +20,7 @@ import _runner  # noqa: E402
 CASES = {
     "resnet": (1e-4, set()),  # two steps; the example explains its 2e-2 over more
     "mingpt": (1e-4, set()),
-    # Embedding bags train through PyTorch's CPU kernels for now.
-    "dlrm": (1e-5, {"aten::_embedding_bag", "aten::_embedding_bag_backward"}),
+    "dlrm": (1e-5, set()),
     # generate() ands integer flags; the engine has no integer bitwise ops.
     "llama": (1e-4, {"aten::bitwise_and.Tensor"}),
     "unet": (1e-4, set()),

@@ -659,3 +659,35 @@ def test_mse_loss_backward_matches_cpu(mode, no_fallback):
             torch.nn.functional.mse_loss(aa, b.to(device), reduction=reduction).sum().backward()
             grads.append(aa.grad.cpu())
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 3])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_trains_like_cpu(nan_mode, mode, padding_idx, include_last_offset):
+    # Repeated rows, an empty bag, the padding row; sum and mean run on the
+    # engine, max's backward on the CPU.
+    g = torch.Generator().manual_seed(4)
+    indices = torch.tensor([1, 3, 3, 7, 0, 1, 1, 5, 9, 3])
+    offsets = torch.tensor([0, 3, 3, 6] + ([10] if include_last_offset else []))
+    weights = torch.rand(10, generator=g) if mode == "sum" else None
+    bag = torch.nn.EmbeddingBag(
+        12, 5, mode=mode, padding_idx=padding_idx, include_last_offset=include_last_offset
+    )
+    grads = []
+    for device in ("cpu", "tpu"):
+        b = copy.deepcopy(bag).to(device)
+        psw = weights.to(device) if weights is not None else None
+        out = b(indices.to(device), offsets.to(device), per_sample_weights=psw)
+        (out * torch.arange(out.numel()).reshape(out.shape).to(device)).sum().backward()
+        grads.append((out.detach().cpu(), b.weight.grad.cpu()))
+    (co, cg), (to, tg) = grads
+    torch.testing.assert_close(to, co, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(tg, cg, rtol=1e-6, atol=1e-5)
+
+
+def test_embedding_bag_training_stays_on_the_engine(mode, no_fallback):
+    bag = torch.nn.EmbeddingBag(20, 4, mode="mean").to("tpu")
+    out = bag(torch.tensor([1, 2, 2, 19, 5]).to("tpu"), torch.tensor([0, 2]).to("tpu"))
+    out.sum().backward()
+    assert bag.weight.grad.shape == (20, 4)

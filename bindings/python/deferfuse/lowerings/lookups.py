@@ -278,3 +278,79 @@ def embedding_renorm(self: ET, indices: ET, max_norm: float, norm_type: float) -
     scale = norm.binary("add", 1e-7).unary("reciprocal").binary("mul", float(max_norm))
     shrink = named.binary("logical_and", norm.binary("gt", float(max_norm)))
     return shrink.reshape([v, 1]).where_(x.binary("mul", scale.reshape([v, 1])), x).cast(self.dtype)
+
+
+@lower("_embedding_bag.default")
+def embedding_bag(
+    weight: ET,
+    indices: ET,
+    offsets: ET,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: ET | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> tuple[ET, ET, ET, ET]:
+    """The training form of the bag lookup: the forward-only lowering's
+    results, with every token's bag (`offset2bag`) whatever the mode, which
+    the backward reads."""
+    out, _, bag_size, max_indices = embedding_bag_forward_only(
+        weight,
+        indices,
+        offsets,
+        scale_grad_by_freq,
+        mode,
+        sparse,
+        per_sample_weights,
+        include_last_offset,
+        padding_idx,
+    )
+    _, member, b = _bag_members(indices, offsets, include_last_offset)
+    offset2bag = (
+        member.cast("i64")
+        .binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1]))
+        .reduce("sum", [0], False)
+    )
+    return out, offset2bag, bag_size, max_indices
+
+
+@lower("_embedding_bag_backward.default")
+def embedding_bag_backward(
+    grad: ET,
+    indices: ET,
+    offsets: ET,
+    offset2bag: ET,
+    bag_size: ET,
+    maximum_indices: ET,
+    num_weights: int,
+    scale_grad_by_freq: bool,
+    mode: int,
+    sparse: bool,
+    per_sample_weights: ET | None,
+    padding_idx: int = -1,
+) -> ET:
+    """The table's gradient for sum and mean bags: each token's bag gradient
+    (scaled by its per-sample weight, or by 1 / the bag's size for a mean, as
+    PyTorch's CPU kernel scales), summed into the token's row."""
+    t = math.prod(indices.shape)
+    if sparse or scale_grad_by_freq or mode not in (0, 1) or len(grad.shape) != 2 or t == 0:
+        raise Unsupported("embedding_bag backward beyond dense sum and mean bags")
+    if list(offset2bag.shape) != [t]:
+        raise Unsupported("a bag per token from PyTorch's own forward")
+    b, d = grad.shape
+    _check_size(t, b, d)
+    g = grad
+    if mode == 1:
+        # Empty bags have no tokens to read their (otherwise infinite) scale.
+        size = bag_size.binary("maximum", 1).cast(grad.dtype)
+        g = g.binary("mul", eng().full(1.0, [], grad.dtype).binary("div", size).reshape([b, 1]))
+    mask = _one_hot(offset2bag.cast("i64"), b)  # [T, B]
+    rows = (
+        mask.reshape([t, b, 1])
+        .where_(g.reshape([1, b, d]), eng().full(0.0, [], g.dtype))
+        .reduce("sum", [1], False)
+    )
+    if per_sample_weights is not None:
+        rows = rows.binary("mul", per_sample_weights.cast(g.dtype).reshape([t, 1]))
+    return embedding_dense_backward(rows, indices.reshape([t]), num_weights, padding_idx, False)
