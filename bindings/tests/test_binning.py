@@ -316,3 +316,26 @@ def test_histogram_many_edges_stays_right(nan_mode, no_fallback):
     x, edges = torch.rand(2), torch.linspace(0, 1, 8193)
     want, got = torch.histogram(x, edges), on_tpu(torch.histogram, x, edges)
     assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("bins,lo,hi", [(8, 0, 7), (4, 0, 7), (8, 2, 5), (3, 0, 10)])
+def test_integer_histc_counts_as_cuda_does(mode, no_fallback, dtype, bins, lo, hi):
+    # PyTorch's CPU kernel rejects integers; CUDA bins them in integer
+    # arithmetic, (x - min) * bins / (max - min), the last bin closed, and
+    # returns the input's dtype (transformers' MoE routing relies on it).
+    x = torch.randint(-2, 12, (200,), generator=torch.Generator().manual_seed(5)).to(dtype)
+    want = torch.zeros(bins, dtype=dtype)
+    for v in x.tolist():
+        if lo <= v <= hi:
+            want[min((v - lo) * bins // (hi - lo), bins - 1)] += 1
+    got = torch.histc(x.to("tpu"), bins=bins, min=lo, max=hi).cpu()
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.int32, torch.int64, torch.float32])
+def test_cumsum_keeps_the_dtype_asked_for(mode, no_fallback, dtype):
+    x = torch.randint(0, 8, (3, 5), generator=torch.Generator().manual_seed(6)).int()
+    want = torch.cumsum(x, 1, dtype=dtype)
+    got = torch.cumsum(x.to("tpu"), 1, dtype=dtype).cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want)

@@ -243,8 +243,30 @@ def _bin_ct_edges(
     return edges, outer, finite
 
 
+def _histc_integers(self: ET, bins: int, lo: int, hi: int) -> ET:
+    """histc of integers as CUDA computes it (PyTorch's CPU kernel rejects
+    them; transformers' MoE routing counts experts this way off the CPU):
+    the bin is (x - min) * bins / (max - min) in integer arithmetic, the
+    last bin closed, counts in the input's dtype. Done in float32, which is
+    exact while (max - min) * bins stays below 2^24."""
+    if lo >= hi or bins <= 0 or (hi - lo) * bins >= 1 << 24:
+        raise Unsupported("an integer histc without a range, or one too wide for float32")
+    n = math.prod(self.shape)
+    if n * bins > ONE_HOT_LIMIT:
+        raise Unsupported("a histogram too large for a masked sum")
+    x = self.reshape([n]).cast("f32")
+    inside = x.binary("ge", float(lo)).binary("logical_and", x.binary("le", float(hi)))
+    b = x.binary("sub", float(lo)).binary("mul", float(bins)).binary("div", float(hi - lo)).unary("floor")
+    b = b.binary("minimum", float(bins - 1)).cast("i64")
+    hit = b.reshape([n, 1]).binary("eq", eng().arange(0, bins, 1, "i64").reshape([1, bins]))
+    hit = hit.binary("logical_and", inside.reshape([n, 1]))
+    return hit.cast("i64").reduce("sum", [0], False).cast(self.dtype)
+
+
 @lower("histc.default")
 def histc(self: ET, bins: int = 100, min: Any = 0, max: Any = 0) -> ET:
+    if isinstance(self, ET) and self.dtype in ("i32", "i64"):
+        return _histc_integers(self, bins, int(min), int(max))
     _check_input(self, None)
     lo, hi = float(min), float(max)
     x = _as_rows(self, 1)

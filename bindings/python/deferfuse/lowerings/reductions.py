@@ -229,8 +229,10 @@ def vector_norm(self: ET, ord: Any = 2, dim: Any = None, keepdim: bool = False, 
 @lower("cumsum.default")
 def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
     x = _reduce_dtype(self, dtype)
+    # Integers sum in int64, and the result keeps a `dtype=` asked for.
+    out_dtype = x.dtype if dtype is not None or x.dtype not in ("bool", "i32") else "i64"
     if len(x.shape) == 0:
-        return x if dtype is not None or x.dtype not in ("bool", "i32") else x.cast("i64")
+        return x.cast(out_dtype)
     if x.dtype in ("bool", "i32"):
         x = x.cast("i64")
     dim = axis(dim, len(x.shape))
@@ -242,4 +244,4 @@ def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
     )  # [i, j]
     moved = _move_last(x, dim)
     terms = lower_tri.where_(moved.reshape(list(moved.shape[:-1]) + [1, n]), eng().full(0.0, [], x.dtype))
-    return _move_back(terms.reduce("sum", [-1], False), dim)
+    return _move_back(terms.reduce("sum", [-1], False), dim).cast(out_dtype)
