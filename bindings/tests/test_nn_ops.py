@@ -691,3 +691,18 @@ def test_embedding_bag_training_stays_on_the_engine(mode, no_fallback):
     out = bag(torch.tensor([1, 2, 2, 19, 5]).to("tpu"), torch.tensor([0, 2]).to("tpu"))
     out.sum().backward()
     assert bag.weight.grad.shape == (20, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_division_by_a_number_is_exact(mode, no_fallback, dtype):
+    # Large values (a float32 quotient alone would be off), both signs, every
+    # remainder, both rounding modes and `//`.
+    g = torch.Generator().manual_seed(0)
+    hi = 2**31 - 1 if dtype == torch.int32 else 2**45
+    x = torch.cat([torch.randint(-hi, hi, (500,), generator=g), torch.arange(-30, 30)]).to(dtype)
+    t = x.to("tpu")
+    for d in (1, -1, 3, -3, 7, 1000, -65537, 2**20 + 1):
+        for rounding in ("floor", "trunc"):
+            got = torch.div(t, d, rounding_mode=rounding).cpu()
+            assert got.dtype == dtype and torch.equal(got, torch.div(x, d, rounding_mode=rounding))
+    assert torch.equal((t // 4).cpu(), x // 4)

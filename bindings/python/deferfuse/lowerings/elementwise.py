@@ -232,9 +232,35 @@ def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
     q = self.binary("div", other)
     if rounding_mode is None:
         return q
+    if self.dtype in ("i32", "i64") and type(other) is int and other != 0:
+        return _integer_div(self, other, rounding_mode)
     if not is_float(self) or (isinstance(other, ET) and not is_float(other)) or isinstance(other, int):
-        raise Unsupported("integer division with rounding")
+        raise Unsupported("integer division with rounding by a tensor or by zero")
     return q.unary("floor") if rounding_mode == "floor" else trunc(q)
+
+
+def _integer_div(x: ET, d: int, rounding_mode: str) -> ET:
+    """`x // d` (floor) or `trunc(x / d)` of integers by a nonzero int,
+    exactly: a float32 estimate of the quotient, refined once from the
+    remainder (integer arithmetic, exact) and corrected by one step. Exact
+    while |x / d| < 2^46. A tensor divisor stays on the CPU, where PyTorch
+    raises for a zero."""
+    a = x.cast("i64")
+
+    def refine(q: ET) -> ET:
+        r = a.binary("sub", q.binary("mul", d))
+        return q.binary("add", r.cast("f32").binary("div", float(d)).unary("floor").cast("i64"))
+
+    q = refine(a.cast("f32").binary("div", float(d)).unary("floor").cast("i64"))
+    r = a.binary("sub", q.binary("mul", d))
+    # Floor's remainder lies in [0, d) for d > 0 and (d, 0] for d < 0.
+    low, high = (r.binary("lt", 0), r.binary("ge", d)) if d > 0 else (r.binary("gt", 0), r.binary("le", d))
+    q = low.where_(q.binary("sub", 1), high.where_(q.binary("add", 1), q))
+    if rounding_mode == "trunc":
+        r = a.binary("sub", q.binary("mul", d))
+        negative = a.binary("lt", 0) if d > 0 else a.binary("ge", 0)
+        q = r.binary("ne", 0).binary("logical_and", negative).where_(q.binary("add", 1), q)
+    return q.cast(x.dtype)
 
 
 @lower("remainder.Tensor", "remainder.Scalar")
