@@ -58,22 +58,22 @@ def test_sort_is_stable_with_pytorchs_nan_order(nan_mode, no_fallback, descendin
 
 
 @pytest.mark.parametrize("n", [16, 17, 40])
-def test_unstable_sort_of_long_rows_with_ties_stays_exact(nan_mode, n):
-    """PyTorch's unstable CPU sort is not stable past 16 elements: rows with
-    equal keys run on the CPU, rows without stay on the engine."""
+def test_unstable_sort_is_stable_on_the_engine(nan_mode, no_fallback, n):
+    """An unstable sort may order equal keys any way (PyTorch's CPU kernel
+    has its own order past 16 elements): the engine's is the stable order,
+    with the CPU's values, in every row length, without a host read."""
     ties = torch.randint(0, 4, (3, n)).float()
     distinct = torch.randperm(3 * n).float().reshape(3, n)
     for x in (ties, distinct):
-        before = deferfuse.fallback_counts()
         for descending in (False, True):
-            same(on_tpu(torch.sort, x, descending=descending), torch.sort(x, descending=descending))
-            same(on_tpu(torch.argsort, x, descending=descending), torch.argsort(x, descending=descending))
-            same(
-                on_tpu(torch.sort, x, stable=True, descending=descending),
-                torch.sort(x, stable=True, descending=descending),
+            stable = torch.sort(x, stable=True, descending=descending)
+            same(on_tpu(torch.sort, x, descending=descending), stable)
+            same(on_tpu(torch.argsort, x, descending=descending), stable.indices)
+            same(on_tpu(torch.sort, x, stable=True, descending=descending), stable)
+            assert torch.equal(
+                on_tpu(torch.sort, x, descending=descending).values,
+                torch.sort(x, descending=descending).values,
             )
-        used = deferfuse.fallback_counts() - before
-        assert not used or (x is ties and n > 16 and set(used) == {"aten::sort"}), used
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.bfloat16])

@@ -15,8 +15,9 @@ PyTorch's own sums do; the values still compare equal). It costs n * n
 elements per row, so larger inputs (`ONE_HOT_LIMIT`) stay on the CPU.
 
 Host reads: nonzero and the unique family read their output size back (as
-PyTorch's CUDA kernels do). Where PyTorch's CPU kernels order equal keys
-their own way (its unstable sort past 16 elements, std::nth_element in topk
+PyTorch's CUDA kernels do). `sort` is always stable (an unstable sort may
+order equal keys any way; the stable order is one of them). Where PyTorch's
+CPU kernels pick among equal keys their own way (std::nth_element in topk
 and kthvalue, a row of NaN in nanmedian, NaN in mode) one bool is read back,
 and the op runs on the CPU if it is set; the CPU fallback would read the
 whole input, so the flag costs less.
@@ -118,19 +119,7 @@ def _sorted_last(x: ET, descending: bool) -> tuple[ET, ET]:
     return _place(rank, x, n), _place(rank, index, n)
 
 
-UNSTABLE_SORT_STABLE_UPTO = 16  # PyTorch's unstable CPU sort sorts this many by insertion
-
-
-def _refuse_equal_keys(x: ET) -> None:
-    """x [..., n]: refuse when a row holds two equal keys (NaN equal to NaN)."""
-    n = x.shape[-1]
-    lead = list(x.shape[:-1])
-    equal = _same(x.reshape(lead + [n, 1]), x.reshape(lead + [1, n]))
-    pos = eng().arange(0, n, 1, "i64")
-    _refuse_if(
-        equal.binary("logical_and", pos.reshape([n, 1]).binary("ne", pos)),
-        "an unstable sort of a long row with equal keys",
-    )
+UNSTABLE_SORT_STABLE_UPTO = 16  # PyTorch's unstable CPU sort sorts this many by insertion (unique)
 
 
 def _sort(x: ET, dim: int, descending: bool, stable: bool) -> tuple[ET, ET]:
@@ -145,8 +134,10 @@ def _sort(x: ET, dim: int, descending: bool, stable: bool) -> tuple[ET, ET]:
         return x, eng().full(0.0, list(x.shape), "i64")
     moved = _move_last(x, dim)
     _check_square(math.prod(moved.shape[:-1]), moved.shape[-1])
-    if not stable and moved.shape[-1] > UNSTABLE_SORT_STABLE_UPTO:
-        _refuse_equal_keys(moved)
+    # Every sort is stable here. An unstable one may order equal keys any
+    # way (PyTorch's CPU kernel does its own past 16 elements, CUDA's
+    # another): the stable order is one of them, costs no host read, and is
+    # the same in every mode.
     values, indices = _sorted_last(moved, descending)
     return _move_back(values, dim), _move_back(indices, dim)
 
