@@ -706,3 +706,17 @@ def test_integer_division_by_a_number_is_exact(mode, no_fallback, dtype):
             got = torch.div(t, d, rounding_mode=rounding).cpu()
             assert got.dtype == dtype and torch.equal(got, torch.div(x, d, rounding_mode=rounding))
     assert torch.equal((t // 4).cpu(), x // 4)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated")
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_weight_norm_trains_like_cpu(mode, no_fallback, dim):
+    grads = []
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        m = torch.nn.utils.weight_norm(torch.nn.Conv1d(4, 6, 3), dim=dim).to(device)
+        x = torch.randn(2, 4, 9, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+        (m(x) * torch.arange(2 * 6 * 7).reshape(2, 6, 7).to(device)).sum().backward()
+        grads.append([t.cpu() for t in (x.grad, m.weight_g.grad, m.weight_v.grad)])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())

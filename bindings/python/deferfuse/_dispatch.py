@@ -459,6 +459,7 @@ DECOMPOSED: frozenset[str] = frozenset(
         "aten::native_batch_norm",
         "aten::native_batch_norm_backward",
         "aten::native_group_norm_backward",
+        "aten::_weight_norm_interface",
         "aten::native_dropout_backward",
         "aten::norm.ScalarOpt_dim",
         "aten::pixel_shuffle",

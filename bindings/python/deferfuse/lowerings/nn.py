@@ -458,3 +458,21 @@ def _reduce_loss(loss: ET, reduction: int) -> ET:
     if reduction == 1 and math.prod(loss.shape) == 0:
         return eng().full(float("nan"), [], loss.dtype)
     return loss.reduce("mean" if reduction == 1 else "sum", axes, False) if axes else loss
+
+
+@lower("_weight_norm_interface_backward.default")
+def weight_norm_backward(grad_w: ET, saved_v: ET, saved_g: ET, saved_norms: ET, dim: int) -> tuple[ET, ET]:
+    """The gradients of w = g * v / ||v|| (norms over every axis but `dim`):
+    grad_g = sum(grad_w * v) / ||v||, grad_v = (g / ||v||) (grad_w - v sum(grad_w * v) / ||v||^2)."""
+    if not is_float(saved_v) or len(saved_v.shape) == 0:
+        raise Unsupported("weight norm of a non-float or zero-dimensional weight")
+    rank = len(saved_v.shape)
+    dim = dim % rank if -rank <= dim < rank else dim
+    axes = [a for a in range(rank) if a != dim]
+    x, g, v, norms = (t.cast("f32") for t in (grad_w, saved_g, saved_v, saved_norms))
+    dot = x.binary("mul", v).reduce("sum", axes, True) if axes else x.binary("mul", v)
+    grad_g = dot.binary("div", norms)
+    grad_v = g.binary("div", norms).binary(
+        "mul", x.binary("sub", v.binary("mul", dot.binary("div", norms.binary("mul", norms))))
+    )
+    return grad_v.cast(saved_v.dtype), grad_g.cast(saved_g.dtype)
