@@ -169,6 +169,15 @@ def _bag_members(indices: ET, offsets: ET | None, include_last_offset: bool) -> 
     return summed, to_end, b
 
 
+def _bag_of_each_token(member: ET, b: int) -> ET:
+    """[T] i64 from the [B, T] membership masks: the bag each token is in."""
+    return (
+        member.cast("i64")
+        .binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1]))
+        .reduce("sum", [0], False)
+    )
+
+
 @lower("_embedding_bag_forward_only.default")
 def embedding_bag_forward_only(
     weight: ET,
@@ -243,11 +252,7 @@ def embedding_bag_forward_only(
     if mode == 0 and per_sample_weights is None:
         offset2bag = eng().full(0.0, [0], "i64")
     else:  # the bag of each token
-        offset2bag = (
-            member.cast("i64")
-            .binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1]))
-            .reduce("sum", [0], False)
-        )
+        offset2bag = _bag_of_each_token(member, b)
     bag_size = count if mode != 0 else eng().full(0.0, [b], "i64")
     # PyTorch's CPU kernel words it one way when it sums or averages without
     # a padding index, another way on its other paths.
@@ -307,12 +312,7 @@ def embedding_bag(
         padding_idx,
     )
     _, member, b = _bag_members(indices, offsets, include_last_offset)
-    offset2bag = (
-        member.cast("i64")
-        .binary("mul", eng().arange(0, b, 1, "i64").reshape([b, 1]))
-        .reduce("sum", [0], False)
-    )
-    return out, offset2bag, bag_size, max_indices
+    return out, _bag_of_each_token(member, b), bag_size, max_indices
 
 
 @lower("_embedding_bag_backward.default")

@@ -11,7 +11,7 @@ from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, is_float, lower
 from .elementwise import _alpha
 from .lookups import _check_size
-from .nn import _offsets, _place, _pool_param
+from .nn import _offsets, _pool_param, add_windows_back
 
 
 def _mm_check(a: ET, b: ET) -> None:
@@ -68,24 +68,6 @@ def _geometry(
         raise Unsupported("convolution window larger than the input")
     _check_size(input.shape[0] * input.shape[1] * math.prod(k), math.prod(out))
     return s, p, d, out
-
-
-def _col2im(cols: ET, spatial: list[int], k: list[int], s: list[int], p: list[int], d: list[int]) -> ET:
-    """The inverse placement of `_columns`: [N, C, prod(k), *out] summed back
-    into [N, C, *spatial] (where windows overlap, their values add)."""
-    batch, channels = cols.shape[0], cols.shape[1]
-    out = list(cols.shape[3:])
-    padded = [size + 2 * pp for size, pp in zip(spatial, p)]
-    total = None
-    for i, offset in enumerate(_offsets(k)):
-        piece = cols.slice(2, i, i + 1, 1).reshape([batch, channels] + out)
-        for axis, (ss, dd, off, size) in enumerate(zip(s, d, offset, padded)):
-            piece = _place(piece, 2 + axis, off * dd, ss, size)
-        total = piece if total is None else total.binary("add", piece)
-    for axis, (pp, size) in enumerate(zip(p, spatial)):
-        if pp:
-            total = total.slice(2 + axis, pp, pp + size, 1)
-    return total
 
 
 def _columns(input: ET, k: list[int], s: list[int], p: list[int], d: list[int], out: list[int]) -> ET:
@@ -182,7 +164,12 @@ def convolution_backward(
     if output_mask[0]:
         w = weight.reshape([1, groups, out_per_group, per_group * taps]).permute([0, 1, 3, 2])
         cols = w.matmul(gy).reshape([batch, channels, taps] + out)
-        grad_input = _col2im(cols, spatial, k, s, p, d)
+        pieces = (
+            (o, cols.slice(2, i, i + 1, 1).reshape([batch, channels] + out))
+            for i, o in enumerate(_offsets(k))
+        )
+        padded = [size + 2 * pp for size, pp in zip(spatial, p)]
+        grad_input = add_windows_back(pieces, 2, s, d, p, spatial, padded)
     if output_mask[1]:
         # One matmul per group over every (sample, position) pair: a matmul
         # per sample then a sum would write the weight's size once per sample.

@@ -10,6 +10,7 @@ import torch
 from .._engine import Tensor as ET
 from ._registry import Unsupported, check_bounds, dt, eng, is_float, lower
 from .lookups import _check_size, _one_hot
+from .windows import constant_pad_nd
 
 
 @lower("_softmax.default")
@@ -207,10 +208,11 @@ def _scatter_to_planes(
     return out.reshape(planes + plane_shape)
 
 
-def _zeros_like_along(x: ET, axis: int, length: int) -> ET:
-    shape = list(x.shape)
-    shape[axis] = length
-    return eng().full(0.0, shape, x.dtype)
+def _pad_axis(x: ET, axis: int, before: int, after: int) -> ET:
+    """`x` with `before` and `after` zeros along `axis`."""
+    pad = [0] * (2 * (len(x.shape) - axis))
+    pad[-2:] = [before, after]
+    return constant_pad_nd(x, pad)
 
 
 def _place(x: ET, axis: int, start: int, stride: int, size: int) -> ET:
@@ -219,15 +221,26 @@ def _place(x: ET, axis: int, start: int, stride: int, size: int) -> ET:
     o = x.shape[axis]
     if stride > 1 and o > 1:
         shape = list(x.shape)
-        x = x.reshape(shape[: axis + 1] + [1] + shape[axis + 1 :])
-        x = eng().cat([x, _zeros_like_along(x, axis + 1, stride - 1)], axis + 1)
+        x = _pad_axis(x.reshape(shape[: axis + 1] + [1] + shape[axis + 1 :]), axis + 1, 0, stride - 1)
         x = x.reshape(shape[:axis] + [o * stride] + shape[axis + 1 :]).slice(axis, 0, (o - 1) * stride + 1, 1)
-    after = size - start - x.shape[axis]
-    parts = [_zeros_like_along(x, axis, start)] if start else []
-    parts.append(x)
-    if after:
-        parts.append(_zeros_like_along(x, axis, after))
-    return eng().cat(parts, axis) if len(parts) > 1 else x
+    return _pad_axis(x, axis, start, size - start - x.shape[axis])
+
+
+def add_windows_back(
+    pieces: Any, lead: int, s: list[int], d: list[int], p: list[int], spatial: list[int], extent: list[int]
+) -> ET:
+    """col2im: each window tap's `(offset, piece)` spread back to the
+    positions it was read from in the padded extent, summed where windows
+    overlap, the padding cut away."""
+    total = None
+    for offset, piece in pieces:
+        for axis, (ss, dd, off, size) in enumerate(zip(s, d, offset, extent)):
+            piece = _place(piece, lead + axis, off * dd, ss, size)
+        total = piece if total is None else total.binary("add", piece)
+    for axis, (pp, size, full) in enumerate(zip(p, spatial, extent)):
+        if (pp, pp + size) != (0, full):
+            total = total.slice(lead + axis, pp, pp + size, 1)
+    return total
 
 
 def _max_pool_backward(
@@ -250,24 +263,21 @@ def _max_pool_backward(
         for size, pp, o, ss, kk, dd in zip(spatial, p, out, s, k, d)
     ]
     flat = indices.cast("i64")
-    total = None
-    for offset in _offsets(k):
-        position, inside = None, None
-        for axis, (o, ss, dd, off, pp, size) in enumerate(zip(out, s, d, offset, p, spatial)):
-            coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp)
-            coord = coord.reshape([1] * axis + [o] + [1] * (n - axis - 1))
-            ok = coord.binary("ge", 0).binary("logical_and", coord.binary("lt", size))
-            term = coord.binary("mul", math.prod(spatial[axis + 1 :]))
-            position = term if position is None else position.binary("add", term)
-            inside = ok if inside is None else inside.binary("logical_and", ok)
-        hit = flat.binary("eq", position).binary("logical_and", inside)
-        piece = hit.where_(grad_output, 0.0)
-        for axis, (ss, dd, off, size) in enumerate(zip(s, d, offset, extent)):
-            piece = _place(piece, lead + axis, off * dd, ss, size)
-        total = piece if total is None else total.binary("add", piece)
-    for axis, (pp, size) in enumerate(zip(p, spatial)):
-        total = total.slice(lead + axis, pp, pp + size, 1)
-    return total
+
+    def pieces() -> Any:
+        for offset in _offsets(k):
+            position, inside = None, None
+            for axis, (o, ss, dd, off, pp, size) in enumerate(zip(out, s, d, offset, p, spatial)):
+                coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp)
+                coord = coord.reshape([1] * axis + [o] + [1] * (n - axis - 1))
+                ok = coord.binary("ge", 0).binary("logical_and", coord.binary("lt", size))
+                term = coord.binary("mul", math.prod(spatial[axis + 1 :]))
+                position = term if position is None else position.binary("add", term)
+                inside = ok if inside is None else inside.binary("logical_and", ok)
+            hit = flat.binary("eq", position).binary("logical_and", inside)
+            yield offset, hit.where_(grad_output, 0.0)
+
+    return add_windows_back(pieces(), lead, s, d, p, spatial, extent)
 
 
 @lower("max_pool2d_with_indices_backward.default")
