@@ -77,11 +77,12 @@ def _setup() -> None:
         return
     # The environment first: a bad value raises before anything is registered.
     _state.init_from_env()
-    from . import _compile, _device, _dispatch
+    from . import _compile, _device, _dispatch, distributed
 
     _device.setup()
     _dispatch.register()
     _compile.register()
+    distributed.register()
     _ready = True
 
 

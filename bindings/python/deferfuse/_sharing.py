@@ -12,10 +12,18 @@ by the other process (with CUDA they would be).
 
 Plain `pickle` and `copy.deepcopy` need nothing here: PyTorch's storage
 pickling and cloning work on `tpu` as on CUDA.
+
+A worker that puts tensors on a queue and returns at once would, in plain
+PyTorch, take their file descriptors with it before the receiver asked for
+them (the receiver fails with `FileNotFoundError`). With the default
+`file_descriptor` strategy a process here waits at exit, up to
+`_HANDOFF_WAIT_S`, until every descriptor it offered has been taken.
 """
 
 from __future__ import annotations
 
+import time
+from multiprocessing import resource_sharer, util
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
@@ -44,7 +52,27 @@ def _rebuild_empty() -> torch.UntypedStorage:
     return torch.UntypedStorage(0, device="tpu")
 
 
+_HANDOFF_WAIT_S = 10.0
+
+
+def _wait_for_receivers() -> None:
+    """Keeps the descriptors this process offered reachable until taken."""
+    sharer = resource_sharer._resource_sharer
+    deadline = time.monotonic() + _HANDOFF_WAIT_S
+    while sharer._cache and sharer._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _register_exit_wait(_: object = None) -> None:
+    # After the queues' feeder threads are joined (exit priority -5: every
+    # descriptor is offered by then) and before the listener's socket
+    # directory is removed (-100).
+    util.Finalize(None, _wait_for_receivers, exitpriority=-50)
+
+
 def register() -> None:
     """Puts the `tpu` case in front of PyTorch's storage reducer (which
     would try to share a `tpu` storage as CPU shared memory, and fail)."""
     ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
+    _register_exit_wait()
+    util.register_after_fork(_register_exit_wait, _register_exit_wait)

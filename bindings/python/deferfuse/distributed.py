@@ -1,0 +1,276 @@
+"""`tpu_dist`: the c10d process-group backend of the device `tpu`.
+
+`import deferfuse` registers it, for the device `tpu`, so that
+`dist.init_process_group("tpu_dist")`, `init_process_group(device_id=
+torch.device("tpu", 0))` and the default backend of a `tpu` tensor pick it,
+and DDP, FSDP2, DTensor and c10d's functional collectives run on `tpu`
+tensors as they do on CUDA ones.
+
+The seam: every collective stages its `tpu` tensors on the host, hands the
+host tensors to a *transport* (any c10d backend of CPU tensors: gloo over
+TCP today) with the caller's options, waits, and writes what the transport
+wrote back into the `tpu` tensors. A PJRT plugin's own collectives replace
+the transport per backend without touching this class (`docs/distributed.md`).
+
+Staging reads the inputs, so a collective is a materialization point: in
+DeferAndFuse it runs what its inputs wait on (ranks that recorded different
+pending traces cannot deadlock each other), and the flush shows as `read` in
+`fusion-debug summary`. Collectives complete before they return: the engine
+runs work in the order it was recorded, so every stream already waits for
+them, and the `Work` they return is completed.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Callable, Sequence
+
+import torch
+import torch._C._distributed_c10d as _c10d
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _CBackend
+
+NAME = "tpu_dist"
+_RedOp = dist.ReduceOp.RedOpType
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """The value of `t` on the host (materialized), or `t` itself if it is there."""
+    return t.to("cpu") if t.device.type == "tpu" else t
+
+
+def _host_like(t: torch.Tensor) -> torch.Tensor:
+    """A host tensor for an output the transport writes whole."""
+    return torch.empty_like(t, device="cpu") if t.device.type == "tpu" else t
+
+
+def _write_back(targets: Sequence[torch.Tensor], hosts: Sequence[torch.Tensor]) -> None:
+    for t, h in zip(targets, hosts):
+        if t is not h:
+            t.copy_(h)
+
+
+def _done(result: Any) -> dist.Work:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(result)
+    return _c10d._create_work_from_future(fut)
+
+
+class _Reduction:
+    """How a `ReduceOp` runs on a transport that knows only gloo's operations:
+    AVG as SUM then a division by the group size, PREMUL_SUM as a scaling of
+    the inputs then SUM."""
+
+    def __init__(self, op: Any, size: int) -> None:
+        kind = op.op if isinstance(op, dist.ReduceOp) else op
+        self.factor = None
+        self.divisor = None
+        if kind == _RedOp.AVG:
+            kind, self.divisor = _RedOp.SUM, size
+        elif kind == _RedOp.PREMUL_SUM:
+            kind, self.factor = _RedOp.SUM, op.__getstate__()[1]
+        self.op = dist.ReduceOp(kind)
+
+    def before(self, hosts: Sequence[torch.Tensor]) -> None:
+        if self.factor is not None:
+            for h in hosts:
+                h.mul_(self.factor)
+
+    def after(self, hosts: Sequence[torch.Tensor]) -> None:
+        if self.divisor is not None:
+            for h in hosts:
+                if h.is_floating_point() or h.is_complex():
+                    h.div_(self.divisor)
+                else:
+                    h.div_(self.divisor, rounding_mode="floor")
+
+
+def _with_op(opts: Any, op: dist.ReduceOp, make: Callable[[], Any]) -> Any:
+    out = make()
+    out.reduceOp = op
+    out.timeout = opts.timeout
+    for name in ("rootRank", "rootTensor", "asyncOp"):
+        if hasattr(opts, name):
+            setattr(out, name, getattr(opts, name))
+    return out
+
+
+class TpuDistBackend(_CBackend):
+    """A c10d backend for `tpu` tensors over a transport of host tensors."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._size = size
+        self.transport = dist.ProcessGroupGloo(dist.PrefixStore("tpu_dist/gloo/", store), rank, size, timeout)
+
+    def getBackendName(self) -> str:  # noqa: N802 - c10d's name
+        return NAME
+
+    # ---- reductions ---------------------------------------------------------------
+
+    def _reduce_in_place(
+        self, tensors: list[torch.Tensor], opts: Any, call: Callable, make: Callable
+    ) -> dist.Work:
+        red = _Reduction(opts.reduceOp, self._size)
+        hosts = [_host(t) for t in tensors]
+        if any(h is t for h, t in zip(hosts, tensors)) and (red.factor or red.divisor):
+            hosts = [h.clone() if h is t else h for h, t in zip(hosts, tensors)]
+        red.before(hosts)
+        call(hosts, _with_op(opts, red.op, make)).wait()
+        red.after(hosts)
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        return self._reduce_in_place(tensors, opts, self.transport.allreduce, dist.AllreduceOptions)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        # One allreduce per tensor: gloo's coalesced form takes one dtype only.
+        red = dist.AllreduceOptions()
+        red.reduceOp, red.timeout = opts.reduceOp, opts.timeout
+        return self._reduce_in_place(tensors, red, self.transport.allreduce, dist.AllreduceOptions)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        return self._reduce_in_place(tensors, opts, self.transport.reduce, dist.ReduceOptions)
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> dist.Work:
+        red = _Reduction(opts.reduceOp, self._size)
+        host_in = [[_host(t).clone() if red.factor else _host(t) for t in group] for group in inputs]
+        host_out = [_host_like(t) for t in outputs]
+        for group in host_in:
+            red.before(group)
+        self.transport.reduce_scatter(
+            host_out, host_in, _with_op(opts, red.op, dist.ReduceScatterOptions)
+        ).wait()
+        red.after(host_out)
+        _write_back(outputs, host_out)
+        return _done(outputs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
+        red = _Reduction(opts.reduceOp, self._size)
+        host_in = _host(input)
+        if red.factor:
+            host_in = host_in.clone()
+        host_out = _host_like(output)
+        red.before([host_in])
+        self.transport._reduce_scatter_base(
+            host_out, host_in, _with_op(opts, red.op, dist.ReduceScatterOptions)
+        ).wait()
+        red.after([host_out])
+        _write_back([output], [host_out])
+        return _done([output])
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> dist.Work:
+        for out, inp in zip(outputs, inputs):
+            self.reduce_scatter_single(out, inp, opts)
+        return _done(outputs)
+
+    # ---- data movement ------------------------------------------------------------
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        hosts = [_host(t) for t in tensors]
+        self.transport.broadcast(hosts, opts).wait()
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> dist.Work:
+        host_out = [[_host_like(t) for t in group] for group in outputs]
+        self.transport.allgather(host_out, [_host(t) for t in inputs], opts).wait()
+        for group, hosts in zip(outputs, host_out):
+            _write_back(group, hosts)
+        return _done(outputs)
+
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> dist.Work:
+        for group, t in zip(outputs, inputs):
+            self.allgather([group], [t], opts)
+        return _done(outputs)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
+        host_out = _host_like(output)
+        self.transport._allgather_base(host_out, _host(input), opts).wait()
+        _write_back([output], [host_out])
+        return _done([output])
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> dist.Work:
+        for out, inp in zip(outputs, inputs):
+            self.all_gather_single(out, inp, opts)
+        return _done(outputs)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
+        host_out = [[_host_like(t) for t in group] for group in outputs]
+        self.transport.gather(host_out, [_host(t) for t in inputs], opts).wait()
+        for group, hosts in zip(outputs, host_out):
+            _write_back(group, hosts)
+        return _done(outputs)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        host_out = [_host_like(t) for t in outputs]
+        self.transport.scatter(host_out, [[_host(t) for t in group] for group in inputs], opts).wait()
+        _write_back(outputs, host_out)
+        return _done(outputs)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
+        host_out = [_host_like(t) for t in outputs]
+        self.transport.alltoall(host_out, [_host(t) for t in inputs], opts).wait()
+        _write_back(outputs, host_out)
+        return _done(outputs)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        opts: Any,  # noqa: A002
+    ) -> dist.Work:
+        host_out = _host_like(output)
+        self.transport.alltoall_base(host_out, _host(input), out_splits, in_splits, opts).wait()
+        _write_back([output], [host_out])
+        return _done([output])
+
+    # ---- point to point and barriers ----------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
+        self.transport.send([_host(t) for t in tensors], dst, tag).wait()
+        return _done(tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
+        hosts = [_host_like(t) for t in tensors]
+        self.transport.recv(hosts, src, tag).wait()
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        hosts = [_host_like(t) for t in tensors]
+        work = self.transport.recv_anysource(hosts, tag)
+        work.wait()
+        _write_back(tensors, hosts)
+        return _done(tensors)
+
+    def barrier(self, opts: Any) -> dist.Work:
+        from . import _state
+
+        _state.sync()
+        self.transport.barrier(opts).wait()
+        return _done([])
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> TpuDistBackend:
+    return TpuDistBackend(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers `tpu_dist` as the backend of the device `tpu` (idempotent)."""
+    if not dist.is_available() or NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(NAME, _create, devices=["tpu"])
