@@ -52,7 +52,7 @@ def _rebuild_empty() -> torch.UntypedStorage:
     return torch.UntypedStorage(0, device="tpu")
 
 
-_HANDOFF_WAIT_S = 10.0
+_HANDOFF_WAIT_S = 30.0
 
 
 def _wait_for_receivers() -> None:

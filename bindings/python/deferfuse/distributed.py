@@ -23,6 +23,7 @@ them, and the `Work` they return is completed.
 from __future__ import annotations
 
 import datetime
+import threading
 from typing import Any, Callable, Sequence
 
 import torch
@@ -48,6 +49,36 @@ def _write_back(targets: Sequence[torch.Tensor], hosts: Sequence[torch.Tensor]) 
     for t, h in zip(targets, hosts):
         if t is not h:
             t.copy_(h)
+
+
+class _Landing(dist.Work):
+    """The work of a receive: completes when the transport's does, and then
+    writes what arrived into the `tpu` tensors (once, on whichever thread
+    waits first)."""
+
+    def __init__(self, inner: dist.Work, targets: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._inner, self._targets, self._hosts = inner, targets, hosts
+        self._lock = threading.Lock()
+        self._landed = False
+
+    def _land(self) -> list[torch.Tensor]:
+        with self._lock:
+            if not self._landed:
+                _write_back(self._targets, self._hosts)
+                self._landed = True
+        return self._targets
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        self._inner.wait() if not timeout else self._inner.wait(timeout)
+        self._land()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._inner.get_future().then(lambda _: self._land())
 
 
 def _done(result: Any) -> dist.Work:
@@ -95,6 +126,13 @@ def _with_op(opts: Any, op: dist.ReduceOp, make: Callable[[], Any]) -> Any:
     return out
 
 
+_DESCRIPTION_BYTES = 256
+
+
+def _describe(tensors: Sequence[torch.Tensor]) -> str:
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
+
+
 class TpuDistBackend(_CBackend):
     """A c10d backend for `tpu` tensors over a transport of host tensors."""
 
@@ -106,11 +144,46 @@ class TpuDistBackend(_CBackend):
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
         return NAME
 
+    # c10d reads these through Python attributes: the base class's would call
+    # back into this object forever.
+    supports_splitting = property(lambda self: False)
+    supports_coalescing = property(lambda self: True)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    _supports_time_estimate = property(lambda self: False)
+
+    def _agree(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
+        """Raises, on every rank, if the ranks called `op` with different
+        tensors: the transport would otherwise abort the process or hang.
+        Costs one small allgather of each rank's description of the call."""
+        if self._size == 1:
+            return
+        text = f"{op}({_describe(tensors)})".encode()[:_DESCRIPTION_BYTES]
+        mine = torch.zeros(_DESCRIPTION_BYTES, dtype=torch.uint8)
+        mine[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        every = torch.empty(self._size * _DESCRIPTION_BYTES, dtype=torch.uint8)
+        self.transport._allgather_base(every, mine).wait()
+        calls = [
+            bytes(row.tolist()).rstrip(b"\0").decode(errors="replace") for row in every.view(self._size, -1)
+        ]
+        if any(c != calls[0] for c in calls):
+            listed = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+            raise RuntimeError(f"tpu_dist: the ranks made different collective calls ({listed})")
+
+    # Collectives run when called, so a coalescing window needs no buffering:
+    # its end returns a completed work.
+    def start_coalescing(self) -> None:
+        pass
+
+    def end_coalescing(self) -> dist.Work:
+        return _done([])
+
     # ---- reductions ---------------------------------------------------------------
 
     def _reduce_in_place(
         self, tensors: list[torch.Tensor], opts: Any, call: Callable, make: Callable
     ) -> dist.Work:
+        self._agree(call.__name__, tensors)
         red = _Reduction(opts.reduceOp, self._size)
         hosts = [_host(t) for t in tensors]
         if any(h is t for h, t in zip(hosts, tensors)) and (red.factor or red.divisor):
@@ -125,10 +198,17 @@ class TpuDistBackend(_CBackend):
         return self._reduce_in_place(tensors, opts, self.transport.allreduce, dist.AllreduceOptions)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
-        # One allreduce per tensor: gloo's coalesced form takes one dtype only.
-        red = dist.AllreduceOptions()
-        red.reduceOp, red.timeout = opts.reduceOp, opts.timeout
-        return self._reduce_in_place(tensors, red, self.transport.allreduce, dist.AllreduceOptions)
+        # One message per dtype: the tensors travel as one flat host buffer.
+        one = dist.AllreduceOptions()
+        one.reduceOp, one.timeout = opts.reduceOp, opts.timeout
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            group = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([_host(t).reshape(-1) for t in group])
+            self._reduce_in_place([flat], one, self.transport.allreduce, dist.AllreduceOptions)
+            _write_back(
+                group, [piece.view_as(t) for piece, t in zip(flat.split([t.numel() for t in group]), group)]
+            )
+        return _done(tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         return self._reduce_in_place(tensors, opts, self.transport.reduce, dist.ReduceOptions)
@@ -136,6 +216,7 @@ class TpuDistBackend(_CBackend):
     def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
     ) -> dist.Work:
+        self._agree("reduce_scatter", outputs)
         red = _Reduction(opts.reduceOp, self._size)
         host_in = [[_host(t).clone() if red.factor else _host(t) for t in group] for group in inputs]
         host_out = [_host_like(t) for t in outputs]
@@ -149,6 +230,7 @@ class TpuDistBackend(_CBackend):
         return _done(outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
+        self._agree("reduce_scatter_tensor", [output, input])
         red = _Reduction(opts.reduceOp, self._size)
         host_in = _host(input)
         if red.factor:
@@ -172,6 +254,7 @@ class TpuDistBackend(_CBackend):
     # ---- data movement ------------------------------------------------------------
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        self._agree("broadcast", tensors)
         hosts = [_host(t) for t in tensors]
         self.transport.broadcast(hosts, opts).wait()
         _write_back(tensors, hosts)
@@ -180,6 +263,7 @@ class TpuDistBackend(_CBackend):
     def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
+        self._agree("all_gather", inputs)
         host_out = [[_host_like(t) for t in group] for group in outputs]
         self.transport.allgather(host_out, [_host(t) for t in inputs], opts).wait()
         for group, hosts in zip(outputs, host_out):
@@ -194,6 +278,7 @@ class TpuDistBackend(_CBackend):
         return _done(outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
+        self._agree("all_gather_into_tensor", [output, input])
         host_out = _host_like(output)
         self.transport._allgather_base(host_out, _host(input), opts).wait()
         _write_back([output], [host_out])
@@ -220,6 +305,7 @@ class TpuDistBackend(_CBackend):
         return _done(outputs)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
+        self._agree("all_to_all", inputs)
         host_out = [_host_like(t) for t in outputs]
         self.transport.alltoall(host_out, [_host(t) for t in inputs], opts).wait()
         _write_back(outputs, host_out)
@@ -240,22 +326,20 @@ class TpuDistBackend(_CBackend):
 
     # ---- point to point and barriers ----------------------------------------------
 
+    # Point to point is asynchronous, as on CUDA: two ranks that each send
+    # before they receive must not wait for each other.
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
-        self.transport.send([_host(t) for t in tensors], dst, tag).wait()
-        return _done(tensors)
+        # The transport's work keeps the staged host tensors alive until sent.
+        return self.transport.send([_host(t) for t in tensors], dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
         hosts = [_host_like(t) for t in tensors]
-        self.transport.recv(hosts, src, tag).wait()
-        _write_back(tensors, hosts)
-        return _done(tensors)
+        return _Landing(self.transport.recv(hosts, src, tag), tensors, hosts)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         hosts = [_host_like(t) for t in tensors]
-        work = self.transport.recv_anysource(hosts, tag)
-        work.wait()
-        _write_back(tensors, hosts)
-        return _done(tensors)
+        return _Landing(self.transport.recv_anysource(hosts, tag), tensors, hosts)
 
     def barrier(self, opts: Any) -> dist.Work:
         from . import _state

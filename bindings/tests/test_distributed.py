@@ -1,0 +1,80 @@
+"""`tpu_dist`, the process-group backend of `tpu`, across real processes.
+
+Each test runs a scenario of `dist_workers.py` in a fresh interpreter that
+spawns the ranks (rendezvous through a file store), with a timeout so that a
+hang fails the test instead of blocking the suite.
+
+Tolerances: a collective moves the same host bytes through the same gloo
+code as the CPU reference, so it must match bit for bit, except a coalesced
+allreduce (one flat buffer: gloo's ring chunks it differently, f32 rounding).
+Data-parallel training equals single-process full-batch training within
+1e-5 relative (the halves' gradients are summed in another order).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKERS = Path(__file__).with_name("dist_workers.py")
+TRAINING_REL = 1e-5
+
+
+def _run(scenario: str, world: int, timeout: int = 300) -> list[dict]:
+    run = subprocess.run(
+        [sys.executable, str(WORKERS), scenario, str(world)], capture_output=True, text=True, timeout=timeout
+    )
+    reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert run.returncode == 0 and len(reports) == world, run.stderr[-3000:]
+    return reports
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_collective_and_dtype_equals_gloo_on_cpu(world):
+    for report in _run("collectives", world):
+        assert "error" not in report, report.get("trace")
+        cases = {k: v for k, v in report.items() if k != "rank"}
+        assert len(cases) >= 59  # every op and dtype case of dist_workers.collectives
+        # A failure message, or a difference from gloo on CPU tensors.
+        wrong = {
+            k: v
+            for k, v in cases.items()
+            if not isinstance(v, float) or v > (1e-6 if "coalesced" in k else 0.0)
+        }
+        assert not wrong, f"rank {report['rank']}: {wrong}"
+
+
+def test_ddp_fsdp2_and_dtensor_equal_single_process_training():
+    for report in _run("training", 2):
+        assert "error" not in report, report.get("trace")
+        for name in ("ddp_mlp", "ddp_lm", "ddp_find_unused", "ddp_static_graph", "ddp_bucket_view"):
+            assert report[name] <= TRAINING_REL, (name, report[name])
+        assert report["fsdp_loss"] <= TRAINING_REL and report["fsdp_params"] <= TRAINING_REL, report
+        assert report["fsdp_state_dict_is_full"] is True
+        assert report["dtensor_matmul"] <= 1e-5 and report["dtensor_redistribute"] == 0.0, report
+        assert report["tensor_parallel_mlp"] <= 1e-5, report
+        assert report["asymmetric"] == 0.0, report
+
+
+def test_mismatched_calls_and_a_dead_rank_are_clear_errors_not_hangs():
+    survivor, dead = _run("faults", 2)
+    assert dead == {"rank": 1, "error": "no report"}
+    expected = (
+        "ranks made different collective calls (rank 0: allreduce(float32[4]); rank 1: allreduce(float32[5]))"
+    )
+    assert expected in survivor["mismatch"]
+    assert "closed by peer" in survivor["peer_died"] or "reset by peer" in survivor["peer_died"], survivor
+    # Both within a few seconds: far below the group's 60 s timeout.
+    assert survivor["mismatch_s"] < 30 and survivor["peer_died_s"] < 30, survivor
+
+
+def test_tpu_dist_is_the_default_for_tpu_and_pairs_with_gloo_for_cpu():
+    for report in _run("defaults", 2):
+        assert "error" not in report, report.get("trace")
+        assert report["default"] == "TpuDistBackend"
+        assert report["both"] == ["ProcessGroupGloo", "TpuDistBackend"]
+        assert report["tpu_sum"] == [6.0] * 3 and report["cpu_sum"] == [3.0] * 3
