@@ -40,6 +40,7 @@ pub fn env_config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("pjrt_plugin", path(&c.pjrt_plugin))?;
     d.set_item("fusion_dump", path(&c.fusion_dump))?;
     d.set_item("decompose", if c.decompose_all { "all" } else { "default" })?;
+    d.set_item("dist_check_calls", c.dist_check_calls)?;
     Ok(d)
 }
 

@@ -111,10 +111,11 @@ impl PyTensor {
     /// data pointer of a contiguous CPU tensor the caller keeps alive.
     fn copy_to_address(&self, py: Python<'_>, addr: usize, nbytes: usize) -> PyResult<()> {
         let t = self.inner.clone();
-        let data = py.allow_threads(|| t.host_data()).map_err(to_py)?;
+        // One copy, from the engine's buffer straight into PyTorch's.
         // SAFETY: the Python caller passes a live, contiguous, writable
         // tensor of this dtype; `write` checks the byte length.
-        unsafe { host::write(&data, addr, nbytes) }
+        py.allow_threads(|| t.with_host_data(|data| unsafe { host::write(data, addr, nbytes) }))
+            .map_err(to_py)?
     }
 
     fn unary(&self, name: &str) -> R {

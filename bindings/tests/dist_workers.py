@@ -361,6 +361,19 @@ def _asymmetric(rank: int, world: int) -> float:
     return (t.cpu() - want).abs().max().item()
 
 
+def _compiled_collective(rank: int, world: int) -> float:
+    """A functional collective inside a `torch.compile(backend="tpu")` graph."""
+    import torch.distributed._functional_collectives as fc
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return (fc.all_reduce(x * 2, "sum", dist.group.WORLD) + 1).sum()
+
+    x = torch.full((4,), rank + 1.0, device="tpu")
+    got = torch.compile(step, backend="tpu", fullgraph=True, dynamic=False)(x).item()
+    want = 4 * (2 * sum(range(1, world + 1)) + 1)
+    return abs(got - want)
+
+
 def training(rank: int, world: int) -> dict:
     import deferfuse  # noqa: F401
 
@@ -373,6 +386,7 @@ def training(rank: int, world: int) -> dict:
     out.update(_fsdp(rank, world))
     out.update(_dtensor(rank, world))
     out["asymmetric"] = _asymmetric(rank, world)
+    out["compiled_collective"] = _compiled_collective(rank, world)
     return out
 
 
@@ -427,7 +441,30 @@ def defaults(rank: int, world: int) -> dict:
     }
 
 
-SCENARIOS = {"collectives": collectives, "training": training, "faults": faults, "defaults": defaults}
+# ---- one on-disk cache shared by the ranks of one host ----------------------------
+
+
+def shared_cache(rank: int, world: int) -> dict:
+    """Every rank runs the same new programs at once against one cache
+    directory: each program is built by one rank and read by the others."""
+    import deferfuse
+
+    dist.barrier()  # start together
+    x = torch.arange(64.0, device="tpu").reshape(8, 8)
+    for k in range(3):
+        y = torch.softmax(x * (k + 2), dim=-1) @ x.t()
+        y.sum().item()
+    dist.barrier()
+    return {"tier3": deferfuse.stats()["cache"]["tier3"]}
+
+
+SCENARIOS = {
+    "collectives": collectives,
+    "training": training,
+    "faults": faults,
+    "defaults": defaults,
+    "shared_cache": shared_cache,
+}
 #: The backend string each scenario initializes with (None: the device's default).
 BACKENDS = {"defaults": None}
 

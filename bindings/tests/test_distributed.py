@@ -14,6 +14,7 @@ Data-parallel training equals single-process full-batch training within
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,13 @@ WORKERS = Path(__file__).with_name("dist_workers.py")
 TRAINING_REL = 1e-5
 
 
-def _run(scenario: str, world: int, timeout: int = 300) -> list[dict]:
+def _run(scenario: str, world: int, timeout: int = 300, env: dict | None = None) -> list[dict]:
     run = subprocess.run(
-        [sys.executable, str(WORKERS), scenario, str(world)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(WORKERS), scenario, str(world)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert run.returncode == 0 and len(reports) == world, run.stderr[-3000:]
@@ -58,6 +63,7 @@ def test_ddp_fsdp2_and_dtensor_equal_single_process_training():
         assert report["dtensor_matmul"] <= 1e-5 and report["dtensor_redistribute"] == 0.0, report
         assert report["tensor_parallel_mlp"] <= 1e-5, report
         assert report["asymmetric"] == 0.0, report
+        assert report["compiled_collective"] == 0.0, report
 
 
 def test_mismatched_calls_and_a_dead_rank_are_clear_errors_not_hangs():
@@ -78,3 +84,14 @@ def test_tpu_dist_is_the_default_for_tpu_and_pairs_with_gloo_for_cpu():
         assert report["default"] == "TpuDistBackend"
         assert report["both"] == ["ProcessGroupGloo", "TpuDistBackend"]
         assert report["tpu_sum"] == [6.0] * 3 and report["cpu_sum"] == [3.0] * 3
+
+
+def test_ranks_on_one_host_build_each_program_once(tmp_path):
+    reports = _run("shared_cache", 2, env={"TORCH_TPU_CACHE_DIR": str(tmp_path / "cache")})
+    assert all("error" not in r for r in reports), reports
+    tier3 = [r["tier3"] for r in reports]
+    programs = tier3[0]["hits"] + tier3[0]["misses"]
+    assert programs >= 3 and all(t["hits"] + t["misses"] == programs for t in tier3), tier3
+    # One rank missed (and built) each program; the other waited and read it.
+    assert sum(t["misses"] for t in tier3) == programs, tier3
+    assert sum(t["hits"] for t in tier3) == programs * (len(tier3) - 1), tier3

@@ -237,6 +237,11 @@ pub struct Config {
     /// decomposition as that decomposition (`TORCH_TPU_DECOMPOSE=all`), not
     /// only its measured list. The engine itself does not read it.
     pub decompose_all: bool,
+    /// The binding's `tpu_dist` backend checks, before each collective,
+    /// that every rank made the same call (`TORCH_TPU_DIST_CHECK_CALLS`): a
+    /// mismatch is then an error on every rank instead of a transport that
+    /// aborts or hangs. The engine itself does not read it.
+    pub dist_check_calls: bool,
     /// The largest on-disk cache entry read or written; larger ones are
     /// rejected (`TORCH_TPU_CACHE_MAX_ENTRY_BYTES`).
     pub cache_max_entry_bytes: u64,
@@ -265,6 +270,7 @@ impl Default for Config {
             pjrt_plugin: None,
             fusion_dump: None,
             decompose_all: false,
+            dist_check_calls: true,
             cache_max_entry_bytes: DEFAULT_CACHE_MAX_ENTRY_BYTES,
             cache_entries: DEFAULT_CACHE_ENTRIES,
             cache_memory_bytes: DEFAULT_CACHE_MEMORY_BYTES,
@@ -359,6 +365,9 @@ impl Config {
         if let Some(v) = get(ENV_DECOMPOSE) {
             config.decompose_all = parse_decompose(&v)?;
         }
+        if let Some(v) = get(ENV_DIST_CHECK_CALLS) {
+            config.dist_check_calls = parse_switch(ENV_DIST_CHECK_CALLS, &v)?;
+        }
         if let Some(v) = get(ENV_CACHE_MAX_ENTRY_BYTES) {
             config.cache_max_entry_bytes =
                 positive(ENV_CACHE_MAX_ENTRY_BYTES, &v, "a positive number of bytes")?;
@@ -385,6 +394,10 @@ where
         valid: valid.into(),
     })
 }
+
+/// Whether the binding's `tpu_dist` backend checks that the ranks agree on
+/// each collective call (`on` by default).
+pub const ENV_DIST_CHECK_CALLS: &str = "TORCH_TPU_DIST_CHECK_CALLS";
 
 /// Which aten ops the PyTorch binding decomposes: `all`, or `default` (its
 /// measured list; also what an empty or unset value means).

@@ -24,6 +24,12 @@
 //! renamed into place, so readers in other processes see a whole entry or
 //! none. A byte budget is kept by evicting the least recently used entries
 //! (reads refresh an entry's modification time).
+//!
+//! Processes that start together (the ranks of one job) build each entry
+//! once: a builder holds an exclusive `flock` on the key's `.lock` file from
+//! its miss to its store ([`DiskCache::lock`]), and the others wait on it,
+//! then read what it stored. The kernel drops the lock of a process that
+//! dies; a holder that hangs is waited for [`LOCK_WAIT`] at most.
 
 use std::fs;
 use std::io::Write;
@@ -42,6 +48,10 @@ use crate::fs_guard::{read_regular, ReadError};
 /// rejected and rebuilt.
 const MAGIC: &str = "deferfuse-cache v2";
 const SUFFIX: &str = "entry";
+const LOCK_SUFFIX: &str = "lock";
+/// How long a process waits for another that builds the same entry before
+/// it builds the entry itself.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// The per-directory secret the entries are authenticated with.
 pub const KEY_FILE: &str = "key";
 const KEY_BYTES: usize = 32;
@@ -172,6 +182,33 @@ impl DiskCache {
         self.dir.join(format!("{:016x}.{SUFFIX}", stable_hash64(key)))
     }
 
+    /// Waits until no other process builds the entry of `key`, then holds
+    /// that right until the guard drops: a caller that missed builds and
+    /// stores the entry under it, so that processes racing for the same key
+    /// build it once. `None` (no lock file, or a holder past [`LOCK_WAIT`])
+    /// means: build without it, as if alone.
+    pub fn lock(&self, key: &[u8]) -> Option<KeyLock> {
+        let path = self.path_of(key).with_extension(LOCK_SUFFIX);
+        let file = open_lock_file(&path)
+            .map_err(
+                |e| tracing::warn!(path = %path.display(), error = %e, "cannot open cache lock"),
+            )
+            .ok()?;
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Some(KeyLock { _file: file }),
+                Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "building a cache entry without its lock");
+                    return None;
+                }
+            }
+        }
+    }
+
     /// The payload stored under `key`, if an authentic entry exists.
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
         let path = self.path_of(key);
@@ -276,11 +313,33 @@ impl DiskCache {
                 break;
             }
             if fs::remove_file(&path).is_ok() {
+                // Its lock file too, so that the directory stays bounded (a
+                // builder racing with this may then build once more).
+                let _ = fs::remove_file(path.with_extension(LOCK_SUFFIX));
                 tracing::debug!(path = %path.display(), "evicted cache entry");
             }
             total = total.saturating_sub(len);
         }
     }
+}
+
+/// The right to build one entry ([`DiskCache::lock`]): closing the file
+/// releases the lock.
+#[derive(Debug)]
+pub struct KeyLock {
+    _file: fs::File,
+}
+
+/// Opens (creating it `0600` if needed) a key's lock file, never through a link.
+fn open_lock_file(path: &Path) -> std::io::Result<fs::File> {
+    let mut options = fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    }
+    options.open(path)
 }
 
 /// The entry files of the store in `dir`, sorted by name (none when it
@@ -538,6 +597,31 @@ mod tests {
         cache.reject(b"k", "the reader could not load it");
         assert_eq!(cache.stats(), DiskCacheStats { hits: 0, misses: 1, rejected: 1 });
         assert!(!cache.path_of(b"k").exists());
+    }
+
+    #[test]
+    fn a_second_builder_waits_for_the_first() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let dir = temp_dir("lock");
+        let first = DiskCache::open(&dir, limits(1 << 20)).unwrap();
+        let second = DiskCache::open(&dir, limits(1 << 20)).unwrap();
+        let held = first.lock(b"k").expect("first lock");
+        let released = Arc::new(AtomicBool::new(false));
+        let seen = released.clone();
+        let waiter = std::thread::spawn(move || {
+            let _lock = second.lock(b"k").expect("second lock");
+            // Only reachable once the first builder stored and let go.
+            assert!(seen.load(Ordering::SeqCst));
+            second.get(b"k")
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        first.put(b"k", b"built once");
+        released.store(true, Ordering::SeqCst);
+        drop(held);
+        assert_eq!(waiter.join().unwrap().as_deref(), Some(&b"built once"[..]));
+        // Another key is never blocked by this one.
+        let _other = first.lock(b"other").expect("independent key");
     }
 
     #[test]

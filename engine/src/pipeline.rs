@@ -351,6 +351,9 @@ impl Pipeline {
     ) -> Result<(Prepared, Arc<dyn Executable>, u64)> {
         let disk = self.disk.as_ref().filter(|_| how == Preparation::Fused);
         let disk_key = disk.map(|_| self.disk_key(signature));
+        // Held from the lookup to the store: another process building the
+        // same program finishes first, and this one reads its entry.
+        let _building = disk.zip(disk_key.as_ref()).and_then(|(disk, k)| disk.lock(k));
         if let (Some(disk), Some(k)) = (disk, &disk_key) {
             if let Some(bytes) = disk.get(k) {
                 let parsed = std::str::from_utf8(&bytes)

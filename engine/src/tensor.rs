@@ -55,6 +55,18 @@ impl Tensor {
         Ok(data)
     }
 
+    /// Runs `read` on the elements in row-major order: on the buffer itself
+    /// where it lives on the host (no copy), else on a downloaded copy. For
+    /// readers that copy the elements out anyway (into a PyTorch tensor).
+    pub fn with_host_data<R>(&self, read: impl FnOnce(&HostData) -> R) -> Result<R> {
+        let buffer = self.ctx.materialize(&self.value)?;
+        self.ctx.raise_failed_checks()?;
+        match buffer.host_data() {
+            Some(data) => Ok(read(data)),
+            None => Ok(read(&self.ctx.backend.download(&buffer)?)),
+        }
+    }
+
     /// The elements in row-major order, converted to `T` as a cast would.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         Ok(T::from_host(self.host_data()?))

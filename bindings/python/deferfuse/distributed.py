@@ -23,6 +23,7 @@ them, and the `Work` they return is completed.
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -31,18 +32,81 @@ import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _CBackend
 
+from . import _handles
+
 NAME = "tpu_dist"
 _RedOp = dist.ReduceOp.RedOpType
 
 
+class _StagingPool:
+    """Host buffers that collectives stage `tpu` tensors in, kept from one
+    call to the next: a fresh buffer of many MiB costs a page fault per 4 KiB
+    on every call, more than the copy into it. A collective takes buffers
+    while it runs (`staged`) and gives them all back when it returns; calls
+    that finish later (sends, receives) allocate their own."""
+
+    #: The most bytes of free buffers kept.
+    KEEP_BYTES = 256 << 20
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self._kept = 0
+        self._lock = threading.Lock()  # DDP's hooks call from autograd's thread
+        self._calls = threading.local()
+
+    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        taken = getattr(self._calls, "taken", None)
+        numel = shape.numel()
+        flat = None
+        if taken is not None:
+            with self._lock:
+                free = self._free.get((dtype, numel))
+                if free:
+                    flat = free.pop()
+                    self._kept -= flat.nbytes
+        if flat is None:
+            flat = torch.empty(numel, dtype=dtype)
+        if taken is not None:
+            taken.append(flat)
+        return flat.view(shape)
+
+    def staged(self, method: Callable) -> Callable:
+        @functools.wraps(method)
+        def run(*args: Any) -> Any:
+            if getattr(self._calls, "taken", None) is not None:  # called from a staged call
+                return method(*args)
+            self._calls.taken = []
+            try:
+                return method(*args)
+            finally:
+                with self._lock:
+                    for flat in self._calls.taken:
+                        if self._kept + flat.nbytes <= self.KEEP_BYTES:
+                            self._free.setdefault((flat.dtype, flat.numel()), []).append(flat)
+                            self._kept += flat.nbytes
+                self._calls.taken = None
+
+        return run
+
+
+_POOL = _StagingPool()
+
+
 def _host(t: torch.Tensor) -> torch.Tensor:
     """The value of `t` on the host (materialized), or `t` itself if it is there."""
-    return t.to("cpu") if t.device.type == "tpu" else t
+    if t.device.type != "tpu":
+        return t
+    value = _handles.read(t)
+    if isinstance(value, torch.Tensor):  # a dtype the engine keeps on the CPU
+        return value.contiguous()
+    host = _POOL.take(t.shape, t.dtype)
+    value.copy_to_address(host.data_ptr(), host.nbytes)
+    return host
 
 
 def _host_like(t: torch.Tensor) -> torch.Tensor:
     """A host tensor for an output the transport writes whole."""
-    return torch.empty_like(t, device="cpu") if t.device.type == "tpu" else t
+    return _POOL.take(t.shape, t.dtype) if t.device.type == "tpu" else t
 
 
 def _write_back(targets: Sequence[torch.Tensor], hosts: Sequence[torch.Tensor]) -> None:
@@ -139,6 +203,9 @@ class TpuDistBackend(_CBackend):
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         self._size = size
+        from . import _state
+
+        self._check_calls = _state.config()["dist_check_calls"]
         self.transport = dist.ProcessGroupGloo(dist.PrefixStore("tpu_dist/gloo/", store), rank, size, timeout)
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -156,7 +223,7 @@ class TpuDistBackend(_CBackend):
         """Raises, on every rank, if the ranks called `op` with different
         tensors: the transport would otherwise abort the process or hang.
         Costs one small allgather of each rank's description of the call."""
-        if self._size == 1:
+        if self._size == 1 or not self._check_calls:
             return
         text = f"{op}({_describe(tensors)})".encode()[:_DESCRIPTION_BYTES]
         mine = torch.zeros(_DESCRIPTION_BYTES, dtype=torch.uint8)
@@ -194,9 +261,11 @@ class TpuDistBackend(_CBackend):
         _write_back(tensors, hosts)
         return _done(tensors)
 
+    @_POOL.staged
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         return self._reduce_in_place(tensors, opts, self.transport.allreduce, dist.AllreduceOptions)
 
+    @_POOL.staged
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         # One message per dtype: the tensors travel as one flat host buffer.
         one = dist.AllreduceOptions()
@@ -210,9 +279,11 @@ class TpuDistBackend(_CBackend):
             )
         return _done(tensors)
 
+    @_POOL.staged
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         return self._reduce_in_place(tensors, opts, self.transport.reduce, dist.ReduceOptions)
 
+    @_POOL.staged
     def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
     ) -> dist.Work:
@@ -229,6 +300,7 @@ class TpuDistBackend(_CBackend):
         _write_back(outputs, host_out)
         return _done(outputs)
 
+    @_POOL.staged
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         self._agree("reduce_scatter_tensor", [output, input])
         red = _Reduction(opts.reduceOp, self._size)
@@ -244,6 +316,7 @@ class TpuDistBackend(_CBackend):
         _write_back([output], [host_out])
         return _done([output])
 
+    @_POOL.staged
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
@@ -253,6 +326,7 @@ class TpuDistBackend(_CBackend):
 
     # ---- data movement ------------------------------------------------------------
 
+    @_POOL.staged
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         self._agree("broadcast", tensors)
         hosts = [_host(t) for t in tensors]
@@ -260,6 +334,7 @@ class TpuDistBackend(_CBackend):
         _write_back(tensors, hosts)
         return _done(tensors)
 
+    @_POOL.staged
     def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
@@ -270,6 +345,7 @@ class TpuDistBackend(_CBackend):
             _write_back(group, hosts)
         return _done(outputs)
 
+    @_POOL.staged
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
@@ -277,6 +353,7 @@ class TpuDistBackend(_CBackend):
             self.allgather([group], [t], opts)
         return _done(outputs)
 
+    @_POOL.staged
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         self._agree("all_gather_into_tensor", [output, input])
         host_out = _host_like(output)
@@ -284,6 +361,7 @@ class TpuDistBackend(_CBackend):
         _write_back([output], [host_out])
         return _done([output])
 
+    @_POOL.staged
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
@@ -291,6 +369,7 @@ class TpuDistBackend(_CBackend):
             self.all_gather_single(out, inp, opts)
         return _done(outputs)
 
+    @_POOL.staged
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
         host_out = [[_host_like(t) for t in group] for group in outputs]
         self.transport.gather(host_out, [_host(t) for t in inputs], opts).wait()
@@ -298,12 +377,14 @@ class TpuDistBackend(_CBackend):
             _write_back(group, hosts)
         return _done(outputs)
 
+    @_POOL.staged
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> dist.Work:
         host_out = [_host_like(t) for t in outputs]
         self.transport.scatter(host_out, [[_host(t) for t in group] for group in inputs], opts).wait()
         _write_back(outputs, host_out)
         return _done(outputs)
 
+    @_POOL.staged
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
         self._agree("all_to_all", inputs)
         host_out = [_host_like(t) for t in outputs]
@@ -311,6 +392,7 @@ class TpuDistBackend(_CBackend):
         _write_back(outputs, host_out)
         return _done(outputs)
 
+    @_POOL.staged
     def all_to_all_single(
         self,
         output: torch.Tensor,
