@@ -217,3 +217,15 @@ def test_whole_value_is_only_for_a_whole_root_of_the_context():
     assert _handles.whole_value(torch.ones(2), ctx) is None  # a CPU tensor
     with pytest.raises(TypeError):
         _handles.whole_value(x)
+
+
+def test_a_run_of_a_flat_buffer_at_an_unaligned_offset_stays_on_the_engine(no_fallback):
+    # DDP's gradient buckets and FSDP's flat parameters: row-major views into
+    # one flat buffer, at offsets that are not multiples of their rows.
+    ref = torch.arange(40.0)
+    flat = ref.to("tpu")
+    view, want = flat.as_strided((3, 4), (4, 1), 5), ref.as_strided((3, 4), (4, 1), 5)
+    assert torch.equal(view.cpu(), want)
+    view.copy_(torch.full((3, 4), -1.0))
+    want.copy_(torch.full((3, 4), -1.0))
+    assert torch.equal(flat.cpu(), ref)

@@ -80,17 +80,18 @@ def _flat_padded(root: _engine.Tensor, padded: int) -> _engine.Tensor:
     return flat
 
 
-def _is_reshape(numel: int, spec: Spec) -> bool:
-    sizes, strides, offset = spec
+def _is_dense(spec: Spec) -> bool:
+    """The view is one row-major run of its root's elements (at any offset)."""
+    sizes, strides, _ = spec
     expected, acc = [], 1
     for n in reversed(sizes):
         expected.append(acc)
         acc *= max(n, 1)
-    return (
-        offset == 0
-        and math.prod(sizes) == numel
-        and all(n == 1 or s == e for n, s, e in zip(sizes, strides, reversed(expected)))
-    )
+    return all(n == 1 or s == e for n, s, e in zip(sizes, strides, reversed(expected)))
+
+
+def _is_reshape(numel: int, spec: Spec) -> bool:
+    return spec[2] == 0 and math.prod(spec[0]) == numel and _is_dense(spec)
 
 
 def read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
@@ -99,6 +100,11 @@ def read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
         return _state.engine().full(0.0, list(spec[0]), root.dtype)
     if _is_reshape(numel, spec):
         return root.reshape(list(spec[0]))
+    if _is_dense(spec) and spec[2] + math.prod(spec[0]) <= numel:
+        # A run of the flat root (a bucket or flat-parameter view), whatever
+        # the offset's alignment to the view's rows.
+        offset, n = spec[2], math.prod(spec[0])
+        return root.reshape([numel]).slice(0, offset, offset + n, 1).reshape(list(spec[0]))
     p = plan(numel, spec)
     if p is None:
         return _via_cpu_read(root, spec)
@@ -125,6 +131,8 @@ def write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Te
     numel = math.prod(shape)
     if _is_reshape(numel, spec):
         return value.cast(root.dtype).reshape(shape)
+    if _is_dense(spec) and spec[2] + math.prod(spec[0]) <= numel:
+        return _scatter_flat(root, spec[2], value.reshape([math.prod(spec[0])]))
     p = plan(numel, spec)
     if p is None or p.broadcast:
         if p is not None and p.broadcast:
