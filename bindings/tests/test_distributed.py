@@ -95,3 +95,27 @@ def test_ranks_on_one_host_build_each_program_once(tmp_path):
     # One rank missed (and built) each program; the other waited and read it.
     assert sum(t["misses"] for t in tier3) == programs, tier3
     assert sum(t["hits"] for t in tier3) == programs * (len(tier3) - 1), tier3
+
+
+def test_transformers_trainer_under_torchrun_matches_one_process(tmp_path):
+    """A tiny GPT-2 trained by the Trainer: 2 ranks of batch 2 (torchrun,
+    tpu_dist picked by the Trainer itself) against one process of batch 4."""
+    script = Path(__file__).with_name("trainer_ddp.py")
+    runs = {
+        "one": [sys.executable, str(script), str(tmp_path / "one.json"), "4"],
+        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(script), str(tmp_path / "two.json"), "2"],
+    }
+    got = {}
+    for name, cmd in runs.items():
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr[-3000:]
+        got[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    one, two = got["one"], got["two"]
+    assert one["device"] == two["device"] == "tpu:0"
+    assert (one["world"], one["backend"]) == (1, None) and (two["world"], two["backend"]) == (2, "tpu_dist")
+    assert len(one["losses"]) == len(two["losses"]) == 3
+    for a, b in zip(one["losses"], two["losses"]):
+        assert abs(a - b) <= TRAINING_REL * abs(a), (one["losses"], two["losses"])
+    for key in ("weights", "weights_abs"):
+        assert abs(one[key] - two[key]) <= TRAINING_REL * abs(one[key]), (one, two)

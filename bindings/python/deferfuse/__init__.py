@@ -77,12 +77,13 @@ def _setup() -> None:
         return
     # The environment first: a bad value raises before anything is registered.
     _state.init_from_env()
-    from . import _compile, _device, _dispatch, distributed
+    from . import _accelerate, _compile, _device, _dispatch, distributed
 
     _device.setup()
     _dispatch.register()
     _compile.register()
     distributed.register()
+    _accelerate.register()
     _ready = True
 
 
