@@ -404,6 +404,18 @@ def faults(rank: int, world: int) -> dict:
     except Exception as e:
         out["mismatch"] = str(e)[:300]
     out["mismatch_s"] = time.monotonic() - start
+    # A rank that is late past the group's timeout: the others fail at it.
+    short = dist.new_group(backend="tpu_dist", timeout=datetime.timedelta(seconds=3))
+    start = time.monotonic()
+    if rank == world - 1:
+        time.sleep(8)
+    else:
+        try:
+            dist.all_reduce(torch.ones(4, device="tpu"), group=short)
+            out["late"] = "no error"
+        except Exception as e:
+            out["late"] = str(e)[:300]
+        out["late_s"] = time.monotonic() - start
     dist.barrier()
     if rank == world - 1:
         os._exit(3)  # a rank that dies without a word
@@ -421,8 +433,8 @@ def faults(rank: int, world: int) -> dict:
 
 
 def defaults(rank: int, world: int) -> dict:
-    """Run after `init_process_group()` with no backend named: PyTorch picks
-    the backend registered for the accelerator, `tpu`. A group of both
+    """Run after `init_process_group(device_id=tpu:0)` with no backend named:
+    PyTorch picks the backend registered for the accelerator, `tpu`. A group of both
     kinds ("cpu:gloo,tpu:tpu_dist") serves CPU tensors and gloo-only calls."""
     import deferfuse  # noqa: F401
 
@@ -465,7 +477,8 @@ SCENARIOS = {
     "defaults": defaults,
     "shared_cache": shared_cache,
 }
-#: The backend string each scenario initializes with (None: the device's default).
+#: The backend each scenario initializes with; None: the default of the
+#: device `tpu`, with `device_id=tpu:0`.
 BACKENDS = {"defaults": None}
 
 

@@ -76,6 +76,9 @@ def test_mismatched_calls_and_a_dead_rank_are_clear_errors_not_hangs():
     assert "closed by peer" in survivor["peer_died"] or "reset by peer" in survivor["peer_died"], survivor
     # Both within a few seconds: far below the group's 60 s timeout.
     assert survivor["mismatch_s"] < 30 and survivor["peer_died_s"] < 30, survivor
+    # A peer late past a group's 3 s timeout: an error at the timeout, not a hang.
+    assert "timed out" in survivor["late"].lower() or "timeout" in survivor["late"].lower(), survivor
+    assert 2.5 < survivor["late_s"] < 8, survivor
 
 
 def test_tpu_dist_is_the_default_for_tpu_and_pairs_with_gloo_for_cpu():

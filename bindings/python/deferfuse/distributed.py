@@ -97,8 +97,10 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "tpu":
         return t
     value = _handles.read(t)
-    if isinstance(value, torch.Tensor):  # a dtype the engine keeps on the CPU
-        return value.contiguous()
+    if isinstance(value, torch.Tensor):
+        # A dtype the engine keeps on the CPU: a copy, since the transport
+        # writes into what it is given and that value may be shared.
+        return value.clone(memory_format=torch.contiguous_format)
     host = _POOL.take(t.shape, t.dtype)
     value.copy_to_address(host.data_ptr(), host.nbytes)
     return host
