@@ -13,7 +13,8 @@
 //!   (the ones the binding calls), and `ln_workload`, `softmax_workload`:
 //!   the same written as primitives ([`deferfuse::workloads`]).
 //!
-//! `--only NAME` runs one of them (and the floor), e.g. under a profiler.
+//! `--only NAME` runs one of them (and the floor), e.g. under a profiler;
+//! `--mode strict` or `--mode defer` one mode.
 //!
 //! GB/s counts the input read once and the output written once, which is all
 //! a fused row kernel must move; the copy moves the same.
@@ -83,11 +84,16 @@ fn main() -> Result<()> {
     let rows = arg(&args, "--rows", 4096usize);
     let cols = arg(&args, "--cols", 1024usize);
     let json = args.iter().any(|a| a == "--json");
-    let only: Option<String> = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let only: Option<String> =
+        args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let mode_arg: Option<String> =
+        args.iter().position(|a| a == "--mode").and_then(|i| args.get(i + 1)).cloned();
     let bytes = (2 * rows * cols * 4) as f64;
     let mut table: Vec<(String, &str, (f64, f64))> = Vec::new();
     table.push(("-".into(), "copy", copy_floor(runs, rows * cols)?));
-    for mode in [Mode::DeferAndFuse, Mode::Strict] {
+    let modes = [("defer", Mode::DeferAndFuse), ("strict", Mode::Strict)];
+    for (_, mode) in modes.into_iter().filter(|(m, _)| mode_arg.as_deref().is_none_or(|a| a == *m))
+    {
         let ctx = context(mode)?;
         let x = ctx.randn(&[rows, cols], DType::F32, 1)?;
         let g = ctx.randn(&[cols], DType::F32, 2)?;
