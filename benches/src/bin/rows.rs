@@ -14,13 +14,17 @@
 //!   the same written as primitives ([`deferfuse::workloads`]).
 //!
 //! `--only NAME` runs one of them (and the floor), e.g. under a profiler;
-//! `--mode strict` or `--mode defer` one mode.
+//! `--mode strict` or `--mode defer` one mode. `--accuracy` also prints, for
+//! the LayerNorms and softmaxes, the error against the f64 reference
+//! ([`benches::reference64`]) on the same inputs (`--offset V` adds `V` to
+//! the input first: a mean far from 0 tests the sums).
 //!
 //! GB/s counts the input read once and the output written once, which is all
 //! a fused row kernel must move; the copy moves the same.
 
 use std::time::Instant;
 
+use benches::reference64::{self, error_stats, Array};
 use deferfuse::{workloads, Config, Context, DType, Mode, Result, Tensor};
 use rayon::prelude::*;
 
@@ -78,6 +82,22 @@ const OPS: [(&str, Op); 7] = [
     ("softmax_workload", |x, _, _| workloads::softmax(x)),
 ];
 
+/// The f64 reference of kernel `name`, if it has one (the engine's LayerNorm
+/// multiplies by an rsqrt where the reference divides by a sqrt: the same
+/// value within f32 rounding).
+fn reference(name: &str, x: &Array, g: &Array, b: &Array) -> Option<Array> {
+    match name {
+        "layer_norm" | "ln_workload" => Some(reference64::layer_norm(x, g, b)),
+        "softmax" | "softmax_workload" => Some(reference64::softmax(x)),
+        _ => None,
+    }
+}
+
+/// `t`'s values and shape in f64.
+fn array(t: &Tensor) -> Result<Array> {
+    Ok(Array::new(t.shape(), t.host_data()?.to_f64_vec()))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let runs = arg(&args, "--runs", 20usize).max(1);
@@ -86,16 +106,19 @@ fn main() -> Result<()> {
     let json = args.iter().any(|a| a == "--json");
     let only: Option<String> =
         args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let accuracy = args.iter().any(|a| a == "--accuracy");
+    let offset = arg(&args, "--offset", 0.0f64);
     let mode_arg: Option<String> =
         args.iter().position(|a| a == "--mode").and_then(|i| args.get(i + 1)).cloned();
     let bytes = (2 * rows * cols * 4) as f64;
     let mut table: Vec<(String, &str, (f64, f64))> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
     table.push(("-".into(), "copy", copy_floor(runs, rows * cols)?));
     let modes = [("defer", Mode::DeferAndFuse), ("strict", Mode::Strict)];
     for (_, mode) in modes.into_iter().filter(|(m, _)| mode_arg.as_deref().is_none_or(|a| a == *m))
     {
         let ctx = context(mode)?;
-        let x = ctx.randn(&[rows, cols], DType::F32, 1)?;
+        let x = ctx.randn(&[rows, cols], DType::F32, 1)?.add(offset)?;
         let g = ctx.randn(&[cols], DType::F32, 2)?;
         let b = ctx.randn(&[cols], DType::F32, 3)?;
         ctx.sync()?;
@@ -110,6 +133,16 @@ fn main() -> Result<()> {
                 Ok(())
             })?;
             table.push((format!("{mode:?}"), name, t));
+            if accuracy {
+                let (xa, ga, ba) = (array(&x)?, array(&g)?, array(&b)?);
+                if let Some(want) = reference(name, &xa, &ga, &ba) {
+                    let e = error_stats(&array(&op(&x, &g, &b)?)?.data, &want.data);
+                    errors.push(format!(
+                        "{mode:?} {name}: max abs {:.3e}, max rel {:.3e}, rms {:.3e}",
+                        e.max_abs, e.max_rel, e.rms
+                    ));
+                }
+            }
         }
     }
     let threads = rayon::current_num_threads();
@@ -131,6 +164,9 @@ fn main() -> Result<()> {
                 min * 1e3
             );
         }
+    }
+    for e in &errors {
+        println!("{e}");
     }
     Ok(())
 }

@@ -350,18 +350,19 @@ const SUM_LANES: usize = 32;
 /// rounding error of a block (see [`sum_block`]) whatever the row length.
 const SUM_BLOCK: usize = 1024;
 
-/// Sum of at most [`SUM_BLOCK`] values in f32: lane `i` adds every
-/// `SUM_LANES`-th value (a loop the compiler turns into vector adds; the
-/// tail is padded with zeros into one more step), then the lanes are added
-/// pairwise. The error is at most about `(len / SUM_LANES + 6) * 2^-24 *
-/// sum |x|` (38 units of f32 rounding for a full block), against `len`
-/// units for a serial f32 sum. The order is fixed by the source, so every
-/// instruction set computes the same bits.
+/// Sum of at most [`SUM_BLOCK`] values: lane `i` adds every
+/// `SUM_LANES`-th value in f32 (a loop the compiler turns into vector adds;
+/// the tail is padded with zeros into one more step), then the lanes' sums
+/// are widened and added pairwise in f64. Only the lanes round in f32, each
+/// at most `ceil(len / SUM_LANES)` times, so the error is at most about
+/// `ceil(len / SUM_LANES) * 2^-24 * sum |x|` (32 units of f32 rounding for a
+/// full block, against `len` units for a serial f32 sum). The order is fixed
+/// by the source, so every instruction set computes the same bits.
 ///
 /// Every index is a constant after unrolling, so the lanes stay in
 /// registers: a lane picked at run time would spill them to the stack.
 #[inline(always)]
-fn sum_block(x: &[f32]) -> f32 {
+fn sum_block(x: &[f32]) -> f64 {
     let mut acc = [0.0f32; SUM_LANES];
     let chunks = x.chunks_exact(SUM_LANES);
     let rest = chunks.remainder();
@@ -377,15 +378,21 @@ fn sum_block(x: &[f32]) -> f32 {
             acc[i] += last[i];
         }
     }
+    // The lanes' sums are the block's largest partial sums, so adding them
+    // in f32 would round most: they are widened first.
+    let mut wide = [0.0f64; SUM_LANES];
+    for i in 0..SUM_LANES {
+        wide[i] = acc[i] as f64;
+    }
     for width in [16, 8, 4, 2, 1] {
         for i in 0..width {
-            acc[i] += acc[i + width];
+            wide[i] += wide[i + width];
         }
     }
-    acc[0]
+    wide[0]
 }
 
-/// Sum of a row: blocks of [`SUM_BLOCK`] values summed in f32
+/// Sum of a row: blocks of [`SUM_BLOCK`] values summed in f32 lanes
 /// ([`sum_block`]), the blocks' sums added in f64, so a long row (or a row
 /// walked in chunks) loses no more than one block does. Starts from +0.0,
 /// as PyTorch's sums do.
@@ -396,7 +403,7 @@ fn sum_block(x: &[f32]) -> f32 {
 fn sum_row(x: &[f32]) -> f64 {
     let mut s = 0.0f64;
     for block in x.chunks(SUM_BLOCK) {
-        s += sum_block(block) as f64;
+        s += sum_block(block);
     }
     s
 }
@@ -758,7 +765,7 @@ mod tests {
     /// The error bound [`sum_block`] documents, for a row of `len` values,
     /// one block at a time, plus the final rounding to f32.
     fn bound(len: usize, magnitude: f64) -> f64 {
-        let per_block = (SUM_BLOCK.min(len) / SUM_LANES + 6) as f64;
+        let per_block = SUM_BLOCK.min(len).div_ceil(SUM_LANES) as f64;
         (per_block + 1.0) * f64::from(f32::EPSILON) / 2.0 * magnitude
     }
 
