@@ -2,7 +2,9 @@
 //!
 //! Tolerances (`|fused - reference| <= abs + rel * |reference|`), per dtype:
 //! - f32: rel 1e-5, abs 1e-6 (fused kernels use f32 approximations of the
-//!   transcendentals with ≤ 5e-7 relative error, and reorder f64 sums);
+//!   transcendentals with ≤ 5e-7 relative error, and sum rows in f32
+//!   lanes, at most 32 roundings per block of 1024 values, where the
+//!   reference sums in f64);
 //! - f16: rel 2e-3, abs 1e-3 × max(1, max |reference|) (one rounding at the
 //!   output instead of one per op);
 //! - bf16: rel 2e-2, abs 1e-2 × max(1, max |reference|) (likewise, with

@@ -341,21 +341,69 @@ fn spread(a: A<'_>, out: &mut [f32], cols: usize) {
     }
 }
 
-/// Sum of a row in f64, eight lanes (the order differs from a serial sum
-/// only far below f32 precision).
+/// Independent f32 accumulators of a row sum: four AVX2 registers (two
+/// AVX-512 ones, eight SSE ones), enough to hide the latency of the adds.
+const SUM_LANES: usize = 32;
+
+/// Elements summed in f32 before the partial sum is carried in f64: each
+/// lane then adds at most `SUM_BLOCK / SUM_LANES` values, which bounds the
+/// rounding error of a block (see [`sum_block`]) whatever the row length.
+const SUM_BLOCK: usize = 1024;
+
+/// Sum of at most [`SUM_BLOCK`] values: lane `i` adds every
+/// `SUM_LANES`-th value in f32 (a loop the compiler turns into vector adds;
+/// the tail is padded with zeros into one more step), then the lanes' sums
+/// are widened and added pairwise in f64. Only the lanes round in f32, each
+/// at most `ceil(len / SUM_LANES)` times, so the error is at most about
+/// `ceil(len / SUM_LANES) * 2^-24 * sum |x|` (32 units of f32 rounding for a
+/// full block, against `len` units for a serial f32 sum). The order is fixed
+/// by the source, so every instruction set computes the same bits.
+///
+/// Every index is a constant after unrolling, so the lanes stay in
+/// registers: a lane picked at run time would spill them to the stack.
 #[inline(always)]
-fn sum_f64(x: &[f32]) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let chunks = x.chunks_exact(8);
+fn sum_block(x: &[f32]) -> f64 {
+    let mut acc = [0.0f32; SUM_LANES];
+    let chunks = x.chunks_exact(SUM_LANES);
     let rest = chunks.remainder();
     for c in chunks {
-        for i in 0..8 {
-            acc[i] += c[i] as f64;
+        for i in 0..SUM_LANES {
+            acc[i] += c[i];
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for &v in rest {
-        s += v as f64;
+    if !rest.is_empty() {
+        let mut last = [0.0f32; SUM_LANES];
+        last[..rest.len()].copy_from_slice(rest);
+        for i in 0..SUM_LANES {
+            acc[i] += last[i];
+        }
+    }
+    // The lanes' sums are the block's largest partial sums, so adding them
+    // in f32 would round most: they are widened first.
+    let mut wide = [0.0f64; SUM_LANES];
+    for i in 0..SUM_LANES {
+        wide[i] = acc[i] as f64;
+    }
+    for width in [16, 8, 4, 2, 1] {
+        for i in 0..width {
+            wide[i] += wide[i + width];
+        }
+    }
+    wide[0]
+}
+
+/// Sum of a row: blocks of [`SUM_BLOCK`] values summed in f32 lanes
+/// ([`sum_block`]), the blocks' sums added in f64, so a long row (or a row
+/// walked in chunks) loses no more than one block does. Starts from +0.0,
+/// as PyTorch's sums do.
+///
+/// A plain loop: an iterator adapter's closure need not be inlined, and
+/// out of line it would lose the tile's target features (no AVX2).
+#[inline(always)]
+fn sum_row(x: &[f32]) -> f64 {
+    let mut s = 0.0f64;
+    for block in x.chunks(SUM_BLOCK) {
+        s += sum_block(block);
     }
     s
 }
@@ -413,9 +461,9 @@ fn extreme(x: &[f32], max: bool) -> f32 {
 pub(crate) fn reduce_row(op: ReduceOp, x: &[f32]) -> f32 {
     let n = x.len();
     match op {
-        ReduceOp::Sum => sum_f64(x) as f32,
+        ReduceOp::Sum => sum_row(x) as f32,
         ReduceOp::Mean if n == 0 => f32::NAN,
-        ReduceOp::Mean => (sum_f64(x) / n as f64) as f32,
+        ReduceOp::Mean => (sum_row(x) / n as f64) as f32,
         ReduceOp::Prod => prod_f64(x) as f32,
         ReduceOp::Max => extreme(x, true),
         ReduceOp::Min => extreme(x, false),
@@ -462,7 +510,7 @@ fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratc
 fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     let cols = rs.cols;
     let n = exec.kernel.instrs.len();
-    // (sum or product in f64, extreme in f32, saw NaN)
+    // (sum of the chunks' sums or product in f64, extreme in f32, saw NaN)
     let mut acc: Vec<(f64, f32, bool)> = vec![(0.0, 0.0, false); n];
     for &reg in &exec.tile_order {
         if let Instr::Reduce { op, .. } = exec.kernel.instrs[reg] {
@@ -487,7 +535,7 @@ fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
                     let xs = elem_of(exec, rs, &s.elem, c, *x);
                     let a = &mut acc[reg];
                     match op {
-                        ReduceOp::Sum | ReduceOp::Mean => a.0 += sum_f64(xs),
+                        ReduceOp::Sum | ReduceOp::Mean => a.0 += sum_row(xs),
                         ReduceOp::Prod => a.0 *= prod_f64(xs),
                         ReduceOp::Max | ReduceOp::Min => {
                             let v = extreme(xs, *op == ReduceOp::Max);
@@ -701,5 +749,69 @@ fn store(exec: &LoopExec, rs: &RunState<'_>, s: &Scratch, t: Tile, which: impl F
                 (StoreLayout::Rows, A::E(_)) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The exact-enough sum of `x` and the sum of magnitudes, in f64.
+    fn sums_f64(x: &[f32]) -> (f64, f64) {
+        x.iter().fold((0.0, 0.0), |(s, a), &v| (s + v as f64, a + (v as f64).abs()))
+    }
+
+    /// The error bound [`sum_block`] documents, for a row of `len` values,
+    /// one block at a time, plus the final rounding to f32.
+    fn bound(len: usize, magnitude: f64) -> f64 {
+        let per_block = SUM_BLOCK.min(len).div_ceil(SUM_LANES) as f64;
+        (per_block + 1.0) * f64::from(f32::EPSILON) / 2.0 * magnitude
+    }
+
+    proptest! {
+        #[test]
+        fn row_sums_stay_within_the_documented_bound(
+            x in prop::collection::vec(-1.0e3f32..1.0e3, 0..3000),
+            shift in -1.0e3f32..1.0e3,
+        ) {
+            // Shifted values sum without cancellation, unshifted ones with
+            // a lot of it: both must keep the bound relative to sum |x|.
+            for row in [x.clone(), x.iter().map(|v| v + shift).collect()] {
+                let (want, magnitude) = sums_f64(&row);
+                let got = reduce_row(ReduceOp::Sum, &row) as f64;
+                prop_assert!(
+                    (got - want).abs() <= bound(row.len(), magnitude) + f64::from(f32::MIN_POSITIVE),
+                    "{} values: got {got}, want {want}", row.len()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sums_start_from_positive_zero() {
+        for len in [1, 31, 32, 33, 1024, 1025] {
+            let s = reduce_row(ReduceOp::Sum, &vec![-0.0; len]);
+            assert!(s == 0.0 && s.is_sign_positive(), "{len} values of -0.0 sum to {s}");
+        }
+    }
+
+    #[test]
+    fn sums_of_many_ones_are_exact() {
+        // Every partial sum is an integer far below 2^24.
+        for len in [0, 1, 7, 32, 1000, 1024, 4097, 100_000] {
+            assert_eq!(reduce_row(ReduceOp::Sum, &vec![1.0; len]), len as f32);
+        }
+    }
+
+    #[test]
+    fn sums_propagate_nan_and_infinity() {
+        let mut x = vec![1.0f32; 100];
+        x[57] = f32::INFINITY;
+        assert_eq!(reduce_row(ReduceOp::Sum, &x), f32::INFINITY);
+        x[3] = f32::NEG_INFINITY;
+        assert!(reduce_row(ReduceOp::Sum, &x).is_nan());
+        x[3] = f32::NAN;
+        assert!(reduce_row(ReduceOp::Mean, &x).is_nan());
     }
 }
