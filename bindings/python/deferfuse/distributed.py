@@ -168,10 +168,10 @@ class _Reduction:
             kind, self.factor = _RedOp.SUM, op.__getstate__()[1]
         self.op = dist.ReduceOp(kind)
 
-    def before(self, hosts: Sequence[torch.Tensor]) -> None:
-        if self.factor is not None:
-            for h in hosts:
-                h.mul_(self.factor)
+    def before(self, hosts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The inputs to hand the transport: scaled copies for PREMUL_SUM (so
+        that a caller's CPU input is never scaled in place)."""
+        return hosts if self.factor is None else [h * self.factor for h in hosts]
 
     def after(self, hosts: Sequence[torch.Tensor]) -> None:
         if self.divisor is not None:
@@ -180,6 +180,13 @@ class _Reduction:
                     h.div_(self.divisor)
                 else:
                     h.div_(self.divisor, rounding_mode="floor")
+
+
+def _pairwise(single: Callable, outputs: list, inputs: list, opts: Any) -> dist.Work:
+    """A coalesced call as one call per (output, input) pair."""
+    for out, inp in zip(outputs, inputs):
+        single(out, inp, opts)
+    return _done(outputs)
 
 
 def _with_op(opts: Any, op: dist.ReduceOp, make: Callable[[], Any]) -> Any:
@@ -254,10 +261,7 @@ class TpuDistBackend(_CBackend):
     ) -> dist.Work:
         self._agree(call.__name__, tensors)
         red = _Reduction(opts.reduceOp, self._size)
-        hosts = [_host(t) for t in tensors]
-        if any(h is t for h, t in zip(hosts, tensors)) and (red.factor or red.divisor):
-            hosts = [h.clone() if h is t else h for h, t in zip(hosts, tensors)]
-        red.before(hosts)
+        hosts = red.before([_host(t) for t in tensors])
         call(hosts, _with_op(opts, red.op, make)).wait()
         red.after(hosts)
         _write_back(tensors, hosts)
@@ -291,10 +295,8 @@ class TpuDistBackend(_CBackend):
     ) -> dist.Work:
         self._agree("reduce_scatter", outputs)
         red = _Reduction(opts.reduceOp, self._size)
-        host_in = [[_host(t).clone() if red.factor else _host(t) for t in group] for group in inputs]
+        host_in = [red.before([_host(t) for t in group]) for group in inputs]
         host_out = [_host_like(t) for t in outputs]
-        for group in host_in:
-            red.before(group)
         self.transport.reduce_scatter(
             host_out, host_in, _with_op(opts, red.op, dist.ReduceScatterOptions)
         ).wait()
@@ -306,11 +308,8 @@ class TpuDistBackend(_CBackend):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         self._agree("reduce_scatter_tensor", [output, input])
         red = _Reduction(opts.reduceOp, self._size)
-        host_in = _host(input)
-        if red.factor:
-            host_in = host_in.clone()
+        (host_in,) = red.before([_host(input)])
         host_out = _host_like(output)
-        red.before([host_in])
         self.transport._reduce_scatter_base(
             host_out, host_in, _with_op(opts, red.op, dist.ReduceScatterOptions)
         ).wait()
@@ -322,9 +321,7 @@ class TpuDistBackend(_CBackend):
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
-        for out, inp in zip(outputs, inputs):
-            self.reduce_scatter_single(out, inp, opts)
-        return _done(outputs)
+        return _pairwise(self.reduce_scatter_single, outputs, inputs, opts)
 
     # ---- data movement ------------------------------------------------------------
 
@@ -341,19 +338,13 @@ class TpuDistBackend(_CBackend):
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
         self._agree("all_gather", inputs)
-        host_out = [[_host_like(t) for t in group] for group in outputs]
-        self.transport.allgather(host_out, [_host(t) for t in inputs], opts).wait()
-        for group, hosts in zip(outputs, host_out):
-            _write_back(group, hosts)
-        return _done(outputs)
+        return self._into_groups(self.transport.allgather, outputs, inputs, opts)
 
     @_POOL.staged
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
-        for group, t in zip(outputs, inputs):
-            self.allgather([group], [t], opts)
-        return _done(outputs)
+        return _pairwise(lambda group, t, o: self.allgather([group], [t], o), outputs, inputs, opts)
 
     @_POOL.staged
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
@@ -367,14 +358,18 @@ class TpuDistBackend(_CBackend):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
-        for out, inp in zip(outputs, inputs):
-            self.all_gather_single(out, inp, opts)
-        return _done(outputs)
+        return _pairwise(self.all_gather_single, outputs, inputs, opts)
 
     @_POOL.staged
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
+        return self._into_groups(self.transport.gather, outputs, inputs, opts)
+
+    def _into_groups(
+        self, call: Callable, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> dist.Work:
+        """A call whose outputs come in one list per input (all_gather, gather)."""
         host_out = [[_host_like(t) for t in group] for group in outputs]
-        self.transport.gather(host_out, [_host(t) for t in inputs], opts).wait()
+        call(host_out, [_host(t) for t in inputs], opts).wait()
         for group, hosts in zip(outputs, host_out):
             _write_back(group, hosts)
         return _done(outputs)
