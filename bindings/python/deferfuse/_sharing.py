@@ -22,6 +22,7 @@ them (the receiver fails with `FileNotFoundError`). With the default
 
 from __future__ import annotations
 
+import threading
 import time
 from multiprocessing import resource_sharer, util
 from multiprocessing.reduction import ForkingPickler
@@ -57,17 +58,21 @@ _HANDOFF_WAIT_S = 30.0
 
 def _wait_for_receivers() -> None:
     """Keeps the descriptors this process offered reachable until taken."""
-    sharer = resource_sharer._resource_sharer
     deadline = time.monotonic() + _HANDOFF_WAIT_S
+    # Queues are closed by now: their feeder threads pickle what is left
+    # (offering its descriptors), write it and end.
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread":
+            thread.join(max(0.0, deadline - time.monotonic()))
+    sharer = resource_sharer._resource_sharer
     while sharer._cache and sharer._thread is not None and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
 def _register_exit_wait(_: object = None) -> None:
-    # After the queues' feeder threads are joined (exit priority -5: every
-    # descriptor is offered by then) and before the listener's socket
-    # directory is removed (-100).
-    util.Finalize(None, _wait_for_receivers, exitpriority=-50)
+    # After the queues are closed (exit priority 10) and before the
+    # listener's socket is unlinked (0).
+    util.Finalize(None, _wait_for_receivers, exitpriority=5)
 
 
 def register() -> None:
