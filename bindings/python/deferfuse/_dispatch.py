@@ -218,16 +218,22 @@ def _resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
 # ---- kernels -----------------------------------------------------------------
 
 
-def _lower(name: str, lowering: Callable[..., Any], a: tuple, k: dict) -> Any:
-    """Runs an aten op's lowering. In Strict its primitives are one op
-    group: recorded together and run as one program, as PyTorch runs one
-    kernel per aten op."""
+def _lower(name: str, lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Runs an aten op's lowering on its `tpu` operands' values. In Strict
+    the primitives that read the operands (a view's transpose or slice) and
+    those of the lowering are one op group: recorded together and run as one
+    program, as PyTorch runs one kernel per aten op, so `a @ w.t()` reads
+    `w` in place instead of copying its transpose first."""
     if _state.local.mode != "strict":
+        a, k = _map_args(args, kwargs)
         return lowering(*a, **k)
     eng = _state.engine()
     eng.begin_group(name)
     try:
-        return lowering(*a, **k)
+        a, k = _map_args(args, kwargs)
+        out = lowering(*a, **k)
+        del a, k  # the operands' views are not outputs of the group's program
+        return out
     finally:
         eng.end_group()
 
@@ -247,8 +253,7 @@ def functional_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         try:
-            a, k = _map_args(_uploaded_indices(args) if upload else args, kwargs)
-            return _wrap(_lower(name, lowering, a, k))
+            return _wrap(_lower(name, lowering, _uploaded_indices(args) if upload else args, kwargs))
         except Unsupported as e:
             return cpu_fallback(op, *args, why=f"not lowered for these arguments: {e}", **kwargs)
 
@@ -268,8 +273,8 @@ def inplace_kernel(op: torch._ops.OpOverload, lowering: Callable[..., Any]) -> C
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         try:
-            a, k = _map_args(_uploaded_indices((self,) + args) if upload else (self,) + args, kwargs)
-            value = _lower(name, lowering, a, k)
+            full = (self,) + args
+            value = _lower(name, lowering, _uploaded_indices(full) if upload else full, kwargs)
             if not isinstance(value, ET):
                 raise Unsupported("non-tensor result")
         except Unsupported as e:
@@ -306,8 +311,7 @@ def out_kernel(
             kwargs.update(zip(out_names, outs))
             return cpu_fallback(op, *args, **kwargs)
         try:
-            a, k = _map_args(args, kwargs)
-            values = _lower(name, lowering, a, k)
+            values = _lower(name, lowering, args, kwargs)
         except Unsupported:
             kwargs.update(zip(out_names, outs))
             return cpu_fallback(op, *args, **kwargs)

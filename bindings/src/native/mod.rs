@@ -235,13 +235,18 @@ pub unsafe extern "C" fn call(
             return abi::NOT_HANDLED;
         };
         let raw = slice(args, nargs as u32);
+        // Strict runs an aten op's primitives as one program, as the Python
+        // path does: with the reads of its operands (a transpose that a
+        // matmul then reads in place), so the group opens first.
+        let group = (ctx.mode() == Mode::Strict).then(|| ctx.op_group(spec.name));
         let Some(resolved) = raw.iter().map(|a| resolve(a, &ctx)).collect::<Option<Vec<A>>>()
         else {
             return abi::NOT_HANDLED;
         };
-        // Strict runs an aten op's primitives as one program, as the Python path does.
-        let group = (ctx.mode() == Mode::Strict).then(|| ctx.op_group(spec.name));
         let result = (spec.run)(&ctx, &resolved);
+        // The operands' views are not the op's results: released before
+        // the group ends, they are not kept as outputs of its program.
+        drop(resolved);
         drop(group);
         match result {
             Ok(Some(done)) => {
