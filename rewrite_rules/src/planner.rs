@@ -825,8 +825,12 @@ impl<'a> Planner<'a> {
                         continue;
                     }
                     let Draft::Loop(lb) = &drafts[b] else { continue };
+                    // A row loop takes an elementwise loop over its space
+                    // either way (a layer norm whose statistics are also
+                    // outputs stays one pass); two row loops must reduce
+                    // the same trailing axes.
                     if la.shape != lb.shape
-                        || (la.row_dims != lb.row_dims && la.row_dims != 0)
+                        || (la.row_dims != lb.row_dims && la.row_dims != 0 && lb.row_dims != 0)
                         || la.mm.is_some()
                     {
                         continue;

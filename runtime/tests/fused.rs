@@ -267,6 +267,65 @@ fn layer_norm_written_out_is_one_row_kernel() {
 }
 
 #[test]
+fn layer_norm_with_its_statistics_as_outputs_is_one_row_kernel() {
+    // PyTorch's native_layer_norm returns the mean and 1/sd beside the
+    // result (autograd saves them): they are stored by the pass that
+    // computes them, and the normalized rows read them there, so the input
+    // is read once.
+    let mut b = B::default();
+    let x = b.param(&[64, 300], DType::F32);
+    let gamma = b.param(&[300], DType::F32);
+    let beta = b.param(&[300], DType::F32);
+    let mean = b.reduce(ReduceOp::Mean, x, &[1], true);
+    let c = b.bin(BinaryOp::Sub, x, mean);
+    let sq = b.bin(BinaryOp::Mul, c, c);
+    let var = b.reduce(ReduceOp::Mean, sq, &[1], true);
+    let eps = b.param(&[], DType::F32);
+    let ve = b.bin(BinaryOp::Add, var, eps);
+    let rstd = b.un(UnaryOp::Rsqrt, ve);
+    let n = b.bin(BinaryOp::Mul, c, rstd);
+    let g = b.bin(BinaryOp::Mul, n, gamma);
+    let y = b.bin(BinaryOp::Add, g, beta);
+    let p = check_default(&b.out(&[y, mean, rstd]));
+    assert_eq!(p.kernels.len(), 1, "{}", p.to_json());
+    let KernelKind::Loop(l) = &p.kernels[0].kind else { panic!("not a loop") };
+    assert_eq!((l.row_dims, l.stores.len()), (1, 3));
+}
+
+#[test]
+fn broadcast_operands_read_once_per_worker_agree_with_the_reference() {
+    // A bias along the rows is read once per worker when every tile starts
+    // on its period (rows of a row loop; 8192-element tiles of a flat loop
+    // that the period divides) and gathered per tile otherwise: both agree.
+    let cases: [(&[usize], &[usize], usize); 6] = [
+        (&[40, 1024], &[1024], 0), // flat loop, period divides the tile
+        (&[7, 3000], &[3000], 0),  // flat loop, it does not
+        (&[9, 4, 512], &[4, 512], 0),
+        (&[33, 300], &[300], 1),      // row loop
+        (&[6, 3, 700], &[3, 700], 1), // a period longer than a row
+        (&[3, 20000], &[20000], 1),   // a row longer than a tile
+    ];
+    for dt in [DType::F32, DType::BF16] {
+        for (xs, bs, row) in cases {
+            let mut b = B::default();
+            let x = b.param(xs, DType::F32);
+            let bias = b.param(bs, dt);
+            let bias =
+                if dt == DType::F32 { bias } else { b.op(Op::Cast { to: DType::F32 }, &[bias]) };
+            let y = b.bin(BinaryOp::Mul, x, bias);
+            let y = if row == 1 {
+                let m = b.reduce(ReduceOp::Max, y, &[xs.len() - 1], true);
+                let z = b.bin(BinaryOp::Sub, y, m);
+                b.bin(BinaryOp::Add, z, bias)
+            } else {
+                b.bin(BinaryOp::Add, y, bias)
+            };
+            check_default(&b.out(&[y]));
+        }
+    }
+}
+
+#[test]
 fn fused_row_ops_are_single_row_kernels() {
     for op in [Op::Softmax { axis: 1 }, Op::LogSoftmax { axis: 1 }] {
         let mut b = B::default();

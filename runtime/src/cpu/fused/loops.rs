@@ -113,6 +113,10 @@ pub(crate) enum Home<'a> {
     Input(&'a [f32]),
     /// Computed into this (f32, full-layout) output.
     Output(usize),
+    /// A load that repeats with a period every tile starts on (a bias or a
+    /// LayerNorm weight along the rows): read once per worker into this
+    /// scratch register, which every tile then reads in place.
+    Repeated(usize),
 }
 
 pub(crate) struct LoadRt<'a> {
@@ -899,7 +903,15 @@ impl LoopExec {
             return Ok(());
         }
         let donated: Vec<bool> = donors.iter().map(Option::is_some).collect();
-        let homes = self.homes(&loads, &dsts, total, &donated);
+        let chunked = self.chunked && cols > TILE && k > 0;
+        // Every tile starts on a multiple of this (a long row walked in
+        // chunks has no such step).
+        let step = match (k, chunked) {
+            (0, _) => TILE,
+            (_, true) => 0,
+            _ => cols,
+        };
+        let homes = self.homes(&loads, &dsts, (&shape, step), &donated);
         let rs = RunState { shape, outer, cols, scalars, loads, homes, outputs: dsts };
         // Tiles.
         let (ntiles, per) = if k == 0 {
@@ -929,7 +941,22 @@ impl LoopExec {
             (per * cols, per)
         };
         let has_where = self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. }));
-        let scratch = || Scratch::new(self.n_elem, elem_cap, self.n_row, row_cap, has_where);
+        let repeated: Vec<(usize, usize)> = (0..rs.homes.len())
+            .filter_map(|reg| match rs.homes[reg] {
+                Home::Repeated(slot) => Some((reg, slot)),
+                _ => None,
+            })
+            .collect();
+        let scratch = || {
+            let n_elem = self.n_elem + repeated.len();
+            let mut s = Scratch::new(n_elem, elem_cap, self.n_row, row_cap, has_where);
+            // The pattern, as long as a tile: every tile starts on a period.
+            for &(reg, slot) in &repeated {
+                let ld = &rs.loads[reg];
+                ld.access.read(&ld.data, &rs.shape, 0, &mut s.elem[slot][..elem_cap.min(total)]);
+            }
+            s
+        };
         if total >= PAR_ELEMS && ntiles > 1 {
             (0..ntiles)
                 .into_par_iter()
@@ -948,13 +975,16 @@ impl LoopExec {
     /// Where each element-level register lives in this run (see [`Home`]).
     /// A donated output is stored at the end of each tile, after every load
     /// of the tile has read its donor.
+    /// `step` is what every tile's start is a multiple of (0: no such step).
     fn homes<'a>(
         &self,
         loads: &[LoadRt<'a>],
         dsts: &[Dst],
-        total: usize,
+        (shape, step): (&[usize], usize),
         donated: &[bool],
     ) -> Vec<Home<'a>> {
+        let total = numel(shape);
+        let mut repeated = self.n_elem;
         (0..self.kernel.instrs.len())
             .map(|reg| {
                 if self.level[reg] != Level::Elem {
@@ -964,6 +994,13 @@ impl LoopExec {
                     return match (&loads[reg].data, &loads[reg].access) {
                         (Data::F32(v), Access::Contig { offset }) if v.len() >= offset + total => {
                             Home::Input(&v[*offset..])
+                        }
+                        (_, Access::Strided { strides, .. })
+                            if period(strides, shape)
+                                .is_some_and(|p| p < total && step > 0 && step % p == 0) =>
+                        {
+                            repeated += 1;
+                            Home::Repeated(repeated - 1)
                         }
                         _ => Home::Scratch,
                     };
@@ -980,6 +1017,18 @@ impl LoopExec {
             })
             .collect()
     }
+}
+
+/// The period of a load that walks `shape` with `strides`, when it reads
+/// the same contiguous run over and over: strides 0 over the leading
+/// dimensions, row-major ones over the trailing ones (sizes 1 aside).
+fn period(strides: &[usize], shape: &[usize]) -> Option<usize> {
+    let (mut p, mut j) = (1, shape.len());
+    while j > 0 && (shape[j - 1] == 1 || strides[j - 1] == p) {
+        p *= shape[j - 1];
+        j -= 1;
+    }
+    shape[..j].iter().zip(&strides[..j]).all(|(&d, &s)| d == 1 || s == 0).then_some(p)
 }
 
 /// Whether walking `shape` with `strides` visits memory in order (dimensions
@@ -1153,6 +1202,17 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{what}, {chunks} chunks of a long row: {e}"));
             }
         }
+    }
+
+    #[test]
+    fn periods_are_found_only_for_repeated_contiguous_runs() {
+        assert_eq!(period(&[0, 1], &[8, 5]), Some(5));
+        assert_eq!(period(&[0, 0, 5, 1], &[2, 3, 4, 5]), Some(20));
+        assert_eq!(period(&[0, 7, 1], &[2, 1, 5]), Some(5)); // size-1 dims do not matter
+        assert_eq!(period(&[5, 1], &[8, 5]), Some(40)); // contiguous: one period
+        assert_eq!(period(&[1, 0], &[8, 5]), None); // a column broadcast along the rows
+        assert_eq!(period(&[0, 2], &[8, 5]), None); // strided
+        assert_eq!(period(&[3, 0, 1], &[2, 3, 3]), None);
     }
 
     #[test]

@@ -599,6 +599,7 @@ fn elem_of<'b>(
         // writes, and which the instruction homed there has written.
         Home::Output(o) => unsafe { rs.outputs[o].f32_run(t.start, t.len) },
         Home::Scratch => &elem[exec.slot[r]][..t.len],
+        Home::Repeated(slot) => &elem[slot][..t.len],
     }
 }
 
@@ -621,7 +622,7 @@ fn exec_instr<const FMA: bool>(
     if level == Level::Elem {
         match rs.homes[reg] {
             // Read in place by whoever uses it.
-            Home::Input(_) => return,
+            Home::Input(_) | Home::Repeated(_) => return,
             Home::Output(o) => {
                 // SAFETY: tiles write disjoint ranges of every output.
                 let out = unsafe { rs.outputs[o].f32_run(t.start, n) };
