@@ -720,3 +720,47 @@ def test_weight_norm_trains_like_cpu(mode, no_fallback, dim):
         grads.append([t.cpu() for t in (x.grad, m.weight_g.grad, m.weight_v.grad)])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())
+
+
+# ---- recurrent layers -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.nn.LSTM(6, 8, num_layers=2, batch_first=True),
+        lambda: torch.nn.LSTM(6, 8, bidirectional=True, proj_size=4),
+        lambda: torch.nn.GRU(6, 8, num_layers=2, batch_first=True),
+        lambda: torch.nn.GRU(6, 8, bias=False),
+        lambda: torch.nn.LSTMCell(6, 8),
+        lambda: torch.nn.GRUCell(6, 8),
+    ],
+    ids=["lstm", "lstm_bidirectional_proj", "gru", "gru_no_bias", "lstm_cell", "gru_cell"],
+)
+def test_recurrent_layers_train_as_on_cpu(mode, no_fallback, make):
+    # Off the CPU, PyTorch runs these cells through fused ops that only CUDA
+    # implements (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell`); on `tpu`
+    # they are the CPU's cell in torch ops, differentiated by autograd.
+    cpu = make()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = (
+        torch.randn(3, 5, 6)
+        if not isinstance(cpu, (torch.nn.LSTMCell, torch.nn.GRUCell))
+        else torch.randn(5, 6)
+    )
+
+    def loss(m, x):
+        out = m(x)
+        out = out[0] if isinstance(out, tuple) else out
+        return (out * out).sum()
+
+    want = loss(cpu, x)
+    want.backward()
+    got = loss(tpu, x.to("tpu"))
+    got.backward()
+    # f32: a few ulps per step of the recurrence.
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(cpu.named_parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    with torch.inference_mode():
+        torch.testing.assert_close(loss(tpu, x.to("tpu")).cpu(), want, rtol=1e-5, atol=1e-5)

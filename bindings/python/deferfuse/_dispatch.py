@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _engine, _grad_scaler, _handles, _native, _state
+from . import _engine, _grad_scaler, _handles, _native, _rnn, _state
 from . import lowerings as _lowerings
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
@@ -711,6 +711,11 @@ def register() -> None:
         ),
         f"lowering {_where(_lowerings.convolution_backward)} (the CPU's convolution_backward for other arguments)",
     )
+    # Above autograd too: autograd then differentiates the cell's ops, since
+    # the fused cells' backward ops have no kernel outside CUDA either.
+    for name, cell in _rnn.CELLS.items():
+        impl(name, cell, "binding: _rnn (the CPU's cell in torch ops, differentiated by autograd)")
+        lib.impl(name, cell, "AutogradPrivateUse1")
     for name, lowering in LOWERINGS.items():
         packet, _, overload = name.partition(".")
         try:
