@@ -924,7 +924,7 @@ impl LoopExec {
             if k == 0 {
                 let start = i * per;
                 Tile { start, len: per.min(total - start), r0: 0, nr: 0 }
-            } else if self.chunked && cols > TILE {
+            } else if chunked {
                 // One long row, walked in chunks of TILE.
                 Tile { start: i * cols, len: TILE, r0: i, nr: 1 }
             } else {
@@ -935,7 +935,7 @@ impl LoopExec {
         };
         let (elem_cap, row_cap) = if k == 0 {
             (TILE.min(total), 0)
-        } else if self.chunked && cols > TILE {
+        } else if chunked {
             (TILE, 1)
         } else {
             (per * cols, per)
@@ -974,8 +974,8 @@ impl LoopExec {
 impl LoopExec {
     /// Where each element-level register lives in this run (see [`Home`]).
     /// A donated output is stored at the end of each tile, after every load
-    /// of the tile has read its donor.
-    /// `step` is what every tile's start is a multiple of (0: no such step).
+    /// of the tile has read its donor. Every tile starts on a multiple of
+    /// `step` (0: no such step), which says which loads repeat per tile.
     fn homes<'a>(
         &self,
         loads: &[LoadRt<'a>],
