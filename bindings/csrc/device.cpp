@@ -314,6 +314,62 @@ bool is_pinned(const void* data) {
   return address < it->first + it->second;
 }
 
+// ---- generators: `torch.Generator(device="tpu")` ---------------------------------
+
+// A generator a user creates for the device. Its state is what the default
+// one's is (deferfuse/_generator.py): a 64-bit seed and a 64-bit offset that
+// each random op advances by one; the random lowerings read and advance it
+// through `initial_seed`/`get_offset`/`set_offset`. The state tensor is the
+// same 16 bytes as `torch.tpu.get_rng_state()`'s (seed, offset; little endian).
+struct TpuGenerator final : c10::GeneratorImpl {
+  explicit TpuGenerator(c10::DeviceIndex index)
+      : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, index),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+
+  static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    set_current_seed(c10::detail::getNonDeterministicRandom());
+    return seed_;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    at::Tensor state = at::empty({kStateBytes}, at::kByte);
+    std::memcpy(state.data_ptr(), &seed_, 8);
+    std::memcpy(static_cast<uint8_t*>(state.data_ptr()) + 8, &offset_, 8);
+    return state.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && state.numel() == kStateBytes &&
+                    state.is_contiguous() && state.device().is_cpu(),
+                "tpu generator: the state is a CPU uint8 tensor of ", kStateBytes,
+                " bytes (from get_state()); got ", state.dtype().name(), " of ", state.numel(), " elements");
+    const auto* bytes = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed_, bytes, 8);
+    std::memcpy(&offset_, bytes + 8, 8);
+  }
+
+ private:
+  static constexpr int64_t kStateBytes = 16;
+  // CUDA's default seed, as the default generator's (_generator.DEFAULT_SEED).
+  uint64_t seed_ = 67280421310721ULL;
+  uint64_t offset_ = 0;
+
+  TpuGenerator* clone_impl() const override {
+    auto* copy = new TpuGenerator(device().index());
+    copy->seed_ = seed_;
+    copy->offset_ = offset_;
+    return copy;
+  }
+};
+
 // ---- hooks: what `torch.accelerator` and PyTorch's generic code ask -------------------
 
 struct Hooks final : at::PrivateUse1HooksInterface {
@@ -330,6 +386,9 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override { return kDevice; }
   bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
   c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return at::make_generator<TpuGenerator>(index < 0 ? 0 : index);
+  }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     // resize_bytes_nocuda would call back here; the CPU routine reallocates
     // through the storage's own allocator (ours) and copies the host bytes.

@@ -185,3 +185,46 @@ def test_seeding_and_state_restores_leave_the_draw_count_alone():
     torch.tpu.set_rng_state(state)
     torch.manual_seed(0)
     assert _generator.draws() == before + 1
+
+
+def test_a_device_generator_draws_its_own_reproducible_stream(mode, no_fallback):
+    # `torch.Generator(device="tpu")` keeps its own seed and offset: seeded
+    # like the default generator it draws the same numbers, without moving
+    # the default one; every random op takes it.
+    g = torch.Generator(device="tpu").manual_seed(5)
+    assert (g.device, g.initial_seed(), g.get_offset()) == (torch.device("tpu", 0), 5, 0)
+    torch.tpu.manual_seed(11)
+    default_state = torch.tpu.get_rng_state()
+    first = torch.randn(1000, device="tpu", generator=g).cpu()
+    assert g.get_offset() == 2  # Box-Muller takes two draws
+    assert torch.equal(torch.tpu.get_rng_state(), default_state)
+    g.manual_seed(5)
+    assert torch.equal(torch.randn(1000, device="tpu", generator=g).cpu(), first)
+    torch.tpu.manual_seed(5)
+    assert torch.equal(torch.randn(1000, device="tpu").cpu(), first)
+    x = torch.empty(N, device="tpu")
+    draws = [
+        lambda: x.uniform_(-1.0, 1.0, generator=g),
+        lambda: x.normal_(2.0, 0.5, generator=g),
+        lambda: x.exponential_(3.0, generator=g),
+        lambda: x.bernoulli_(0.25, generator=g),
+        lambda: torch.bernoulli(torch.full((N,), 0.25, device="tpu"), generator=g),
+        lambda: torch.randint(0, 8, (N,), device="tpu", generator=g),
+    ]
+    for draw in draws:
+        state = g.get_state()
+        a = draw().cpu().clone()
+        g.set_state(state)
+        assert torch.equal(draw().cpu(), a)
+    assert abs(x.uniform_(generator=g).cpu().mean().item() - 0.5) < 0.01
+    copy = torch.Generator(device="tpu")
+    copy.set_state(g.get_state())
+    assert torch.equal(
+        torch.rand(64, device="tpu", generator=copy).cpu(), torch.rand(64, device="tpu", generator=g).cpu()
+    )
+
+
+def test_a_device_generator_state_is_checked():
+    g = torch.Generator(device="tpu")
+    with pytest.raises(RuntimeError, match="CPU uint8 tensor of 16 bytes"):
+        g.set_state(torch.zeros(3, dtype=torch.uint8))

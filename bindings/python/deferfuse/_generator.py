@@ -65,14 +65,21 @@ def draws() -> int:
     return _draws
 
 
-def next_keys(words: int, bits: int) -> list[int]:
-    """Takes the next offset and returns `words` key words of `bits` bits each."""
+def next_keys(words: int, bits: int, generator: torch.Generator | None = None) -> list[int]:
+    """Takes the next offset of `generator` (a `torch.Generator(device="tpu")`,
+    whose seed and offset live in its C++ object; None: the default one) and
+    returns `words` key words of `bits` bits each. A generator seeded like
+    the default one draws the same numbers."""
     global _offset, _draws
     with _lock:
-        offset = _offset
-        _offset += 1
+        if generator is None:
+            seed, offset = _seed, _offset
+            _offset += 1
+        else:
+            seed, offset = generator.initial_seed(), generator.get_offset()
+            generator.set_offset(offset + 1)
         _draws += 1
-        state = splitmix64(_seed ^ splitmix64(offset))
+        state = splitmix64(seed ^ splitmix64(offset))
     per_draw = 64 // bits
     out: list[int] = []
     while len(out) < words:

@@ -40,9 +40,9 @@ def _mod_prime(x: ET) -> ET:
     return r.binary("ge", _PRIME).where_(r.binary("sub", _PRIME), r)
 
 
-def _permuted(n: int) -> ET:
+def _permuted(n: int, generator: Any) -> ET:
     """f32 [n]: distinct integers in [0, 2^24), a keyed permutation of 0..n-1."""
-    keys = _generator.next_keys(2 * _ROUNDS, 12)
+    keys = _generator.next_keys(2 * _ROUNDS, 12, generator)
     i = eng().arange(0.0, float(n), 1.0, "f32")
     left, right = i.binary("div", _HALF).unary("floor"), _mod_half(i)
     for r in range(_ROUNDS):
@@ -59,9 +59,11 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _no_generator(generator: Any) -> None:
-    if generator is not None:
-        raise Unsupported("an explicit generator (it is a CPU generator)")
+def _device_generator(generator: Any) -> Any:
+    """`generator` when it is None (the default one) or a `tpu` generator."""
+    if generator is not None and generator.device.type != "tpu":
+        raise Unsupported(f"a {generator.device.type} generator")
+    return generator
 
 
 def _float_dtype(x: ET) -> str:
@@ -70,87 +72,87 @@ def _float_dtype(x: ET) -> str:
     return x.dtype
 
 
-def uniform01(shape: list[int], bits: int = 24) -> ET:
-    """f32 uniform values on [0, 1) with `bits` significant bits."""
+def uniform01(shape: list[int], bits: int = 24, generator: Any = None) -> ET:
+    """f32 uniform values on [0, 1) with `bits` significant bits, drawn from
+    `generator` (a `tpu` one; None: the default one)."""
     n = _numel(shape)
     if n == 0:
         return eng().full(0.0, shape, "f32")
-    v = _permuted(n)
+    v = _permuted(n, generator)
     if bits < 24:
         v = v.binary("div", float(1 << (24 - bits))).unary("floor")
     return v.binary("mul", 2.0**-bits).reshape(shape)
 
 
-def standard_normal(shape: list[int]) -> ET:
+def standard_normal(shape: list[int], generator: Any = None) -> ET:
     """f32 standard normal values (Box-Muller on two independent draws)."""
     n = _numel(shape)
     if n == 0:
         return eng().full(0.0, shape, "f32")
-    u1 = uniform01([n]).binary("mul", -1.0).binary("add", 1.0)  # (0, 1]: its log is finite
-    u2 = uniform01([n])
+    u1 = (
+        uniform01([n], generator=generator).binary("mul", -1.0).binary("add", 1.0)
+    )  # (0, 1]: its log is finite
+    u2 = uniform01([n], generator=generator)
     radius = u1.unary("log").binary("mul", -2.0).unary("sqrt")
     return radius.binary("mul", u2.binary("mul", 2.0 * math.pi).unary("cos")).reshape(shape)
 
 
 @lower("uniform.default")
 def uniform(self: ET, from_: float = 0.0, to: float = 1.0, *, generator: Any = None, **kw: Any) -> ET:
-    _no_generator(generator)
+    generator = _device_generator(generator)
     dtype = _float_dtype(self)
     if "from" in kw:
         from_ = kw.pop("from")
-    u = uniform01(list(self.shape), _SIGNIFICAND[dtype])
+    u = uniform01(list(self.shape), _SIGNIFICAND[dtype], generator)
     return u.binary("mul", float(to) - float(from_)).binary("add", float(from_)).cast(dtype)
 
 
 @lower("normal.default", "normal.functional")
 def normal(self: ET, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> ET:
-    _no_generator(generator)
+    generator = _device_generator(generator)
     dtype = _float_dtype(self)
     if std < 0:
         raise Unsupported("negative std (the CPU raises PyTorch's error)")
-    z = standard_normal(list(self.shape))
+    z = standard_normal(list(self.shape), generator)
     return z.binary("mul", float(std)).binary("add", float(mean)).cast(dtype)
 
 
 @lower("exponential.default")
 def exponential(self: ET, lambd: float = 1.0, *, generator: Any = None) -> ET:
-    _no_generator(generator)
+    generator = _device_generator(generator)
     dtype = _float_dtype(self)
     if not lambd > 0:
         raise Unsupported("a rate that is not positive (the CPU raises PyTorch's error)")
-    u = uniform01(list(self.shape)).binary("mul", -1.0).binary("add", 1.0)  # (0, 1]
+    u = uniform01(list(self.shape), generator=generator).binary("mul", -1.0).binary("add", 1.0)  # (0, 1]
     return u.unary("log").binary("mul", -1.0 / float(lambd)).cast(dtype)
 
 
-def _bernoulli(shape: list[int], p: Any, dtype: str) -> ET:
+def _bernoulli(shape: list[int], p: Any, dtype: str, generator: Any = None) -> ET:
     if isinstance(p, ET):
         p = p.cast("f32")
     elif not 0.0 <= float(p) <= 1.0:
         raise Unsupported("a probability outside [0, 1] (the CPU raises PyTorch's error)")
     else:
         p = float(p)
-    return uniform01(shape).binary("lt", p).cast(dtype)
+    return uniform01(shape, generator=_device_generator(generator)).binary("lt", p).cast(dtype)
 
 
 @lower("bernoulli.float", "bernoulli.p")
 def bernoulli_float(self: ET, p: float = 0.5, *, generator: Any = None) -> ET:
-    _no_generator(generator)
-    return _bernoulli(list(self.shape), p, self.dtype)
+    return _bernoulli(list(self.shape), p, self.dtype, generator)
 
 
 @lower("bernoulli.Tensor")
 def bernoulli_tensor(self: ET, p: ET, *, generator: Any = None) -> ET:
-    _no_generator(generator)
     if not isinstance(p, ET):
         raise Unsupported("a probability tensor that is not on tpu")
-    return _bernoulli(list(self.shape), p.expand(list(self.shape)), self.dtype)
+    return _bernoulli(list(self.shape), p.expand(list(self.shape)), self.dtype, generator)
 
 
 @lower("bernoulli.default")
 def bernoulli(self: ET, *, generator: Any = None) -> ET:
     """`torch.bernoulli(probs)`: one draw per probability."""
-    _no_generator(generator)
-    return _bernoulli(list(self.shape), self, self.dtype)
+    return _bernoulli(list(self.shape), self, self.dtype, generator)
 
 
 @lower("native_dropout.default")
@@ -177,7 +179,7 @@ def random_int(self: ET, from_: int, to: int | None = None, *, generator: Any = 
     """`random_(from, to)` and so `randint`: integers in [from, to). The
     draw's 24 bits are scaled to the range, which is exact and unbiased for
     ranges that are powers of two and biased by at most range / 2^24 otherwise."""
-    _no_generator(generator)
+    generator = _device_generator(generator)
     if to is None:
         raise Unsupported("random_ up to the dtype's maximum")
     if to <= from_:
@@ -185,7 +187,7 @@ def random_int(self: ET, from_: int, to: int | None = None, *, generator: Any = 
     span = to - from_
     if span > _MAX_ELEMENTS:
         raise Unsupported(f"a range wider than 2^24 ({span})")
-    steps = uniform01(list(self.shape)).binary("mul", float(span)).unary("floor")
+    steps = uniform01(list(self.shape), generator=generator).binary("mul", float(span)).unary("floor")
     if self.dtype in _SIGNIFICAND:
         return steps.binary("add", float(from_)).cast(self.dtype)
     return steps.cast("i64").binary("add", int(from_)).cast(self.dtype)
