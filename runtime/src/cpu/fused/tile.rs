@@ -10,6 +10,7 @@
 use rewrite_rules::program::{Instr, Reg};
 use trace_ir::{BinaryOp, ReduceOp};
 
+use super::chain::run_chain;
 use super::io::round_bf16;
 use super::loops::{Home, Level, LoopExec, RunState, Scratch, StoreLayout, Tile};
 
@@ -343,12 +344,12 @@ fn spread(a: A<'_>, out: &mut [f32], cols: usize) {
 
 /// Independent f32 accumulators of a row sum: four AVX2 registers (two
 /// AVX-512 ones, eight SSE ones), enough to hide the latency of the adds.
-const SUM_LANES: usize = 32;
+pub(crate) const SUM_LANES: usize = 32;
 
 /// Elements summed in f32 before the partial sum is carried in f64: each
 /// lane then adds at most `SUM_BLOCK / SUM_LANES` values, which bounds the
 /// rounding error of a block (see [`sum_block`]) whatever the row length.
-const SUM_BLOCK: usize = 1024;
+pub(crate) const SUM_BLOCK: usize = 1024;
 
 /// Sum of at most [`SUM_BLOCK`] values: lane `i` adds every
 /// `SUM_LANES`-th value in f32 (a loop the compiler turns into vector adds;
@@ -378,8 +379,13 @@ fn sum_block(x: &[f32]) -> f64 {
             acc[i] += last[i];
         }
     }
-    // The lanes' sums are the block's largest partial sums, so adding them
-    // in f32 would round most: they are widened first.
+    widen_lanes(&acc)
+}
+
+/// The sum of a block's lanes. They are the block's largest partial sums,
+/// so adding them in f32 would round most: they are widened first.
+#[inline(always)]
+pub(crate) fn widen_lanes(acc: &[f32; SUM_LANES]) -> f64 {
     let mut wide = [0.0f64; SUM_LANES];
     for i in 0..SUM_LANES {
         wide[i] = acc[i] as f64;
@@ -497,7 +503,10 @@ fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratc
         return chunked_body::<FMA>(exec, rs, s, t);
     }
     for &reg in &exec.tile_order {
-        exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols);
+        match &exec.chains[reg] {
+            Some(chain) => run_chain(exec, rs, s, t, reg, chain),
+            None => exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols),
+        }
     }
     store(exec, rs, s, t, |_| true);
 }
@@ -586,7 +595,7 @@ fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
 /// The values of element-level register `r` over tile `t`, wherever they
 /// live (see [`Home`]).
 #[inline(always)]
-fn elem_of<'b>(
+pub(crate) fn elem_of<'b>(
     exec: &LoopExec,
     rs: &'b RunState<'_>,
     elem: &'b [Vec<f32>],
