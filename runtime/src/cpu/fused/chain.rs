@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 use trace_ir::{BinaryOp, ReduceOp};
 
 use super::loops::{Home, Level, LoopExec, RunState, Scratch, Tile};
-use super::tile::{elem_of, widen_lanes, SUM_BLOCK, SUM_LANES};
+use super::tile::{elem_of, widen_lanes, Isa, SUM_BLOCK, SUM_LANES};
 
 /// Values per strip: a row sum's lanes, so a chained sum adds each value
 /// in the lane the unfused sum adds it in, in its order.
@@ -180,10 +180,59 @@ struct At {
     k: usize,
 }
 
-/// Runs chain `chain` of register `reg` over tile `t`: into the register's
-/// home, or as its row sums.
-#[inline(always)]
+/// Runs chain `chain` of register `reg` over tile `t` with the code of
+/// `isa`: into the register's home, or as its row sums. Compiled apart
+/// from the tile body: inlined there, it made the body large enough that
+/// LLVM left the transcendentals' closures out of line, without the
+/// body's instruction set.
 pub(crate) fn run_chain(
+    isa: Isa,
+    exec: &LoopExec,
+    rs: &RunState<'_>,
+    s: &mut Scratch,
+    t: Tile,
+    reg: Reg,
+    chain: &Chain,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` saw every feature these functions enable.
+        Isa::Avx512 => unsafe { chain_avx512(exec, rs, s, t, reg, chain) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { chain_avx2(exec, rs, s, t, reg, chain) },
+        _ => chain_body(exec, rs, s, t, reg, chain),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+unsafe fn chain_avx512(
+    exec: &LoopExec,
+    rs: &RunState<'_>,
+    s: &mut Scratch,
+    t: Tile,
+    reg: Reg,
+    chain: &Chain,
+) {
+    chain_body(exec, rs, s, t, reg, chain)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chain_avx2(
+    exec: &LoopExec,
+    rs: &RunState<'_>,
+    s: &mut Scratch,
+    t: Tile,
+    reg: Reg,
+    chain: &Chain,
+) {
+    chain_body(exec, rs, s, t, reg, chain)
+}
+
+#[inline(always)]
+fn chain_body(
     exec: &LoopExec,
     rs: &RunState<'_>,
     s: &mut Scratch,

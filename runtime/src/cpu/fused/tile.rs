@@ -74,7 +74,7 @@ pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { tile_avx2(exec, rs, s, t) },
-        _ => tile_body::<PORTABLE_FMA>(exec, rs, s, t),
+        _ => tile_body::<PORTABLE_FMA>(Isa::Portable, exec, rs, s, t),
     }
 }
 
@@ -83,13 +83,13 @@ pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
     enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt"
 )]
 unsafe fn tile_avx512(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
-    tile_body::<true>(exec, rs, s, t)
+    tile_body::<true>(Isa::Avx512, exec, rs, s, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt")]
 unsafe fn tile_avx2(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
-    tile_body::<true>(exec, rs, s, t)
+    tile_body::<true>(Isa::Avx2, exec, rs, s, t)
 }
 
 /// A register as an operand: a scalar, one value per row, or one per element.
@@ -497,14 +497,21 @@ pub(crate) fn reduce_const(op: ReduceOp, v: f32, cols: usize) -> f32 {
     }
 }
 
+/// The tile with the code of `isa` (whose fused multiply-add says `FMA`).
 #[inline(always)]
-fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
+fn tile_body<const FMA: bool>(
+    isa: Isa,
+    exec: &LoopExec,
+    rs: &RunState<'_>,
+    s: &mut Scratch,
+    t: Tile,
+) {
     if exec.chunked && rs.cols > t.len {
         return chunked_body::<FMA>(exec, rs, s, t);
     }
     for &reg in &exec.tile_order {
         match &exec.chains[reg] {
-            Some(chain) => run_chain(exec, rs, s, t, reg, chain),
+            Some(chain) => run_chain(isa, exec, rs, s, t, reg, chain),
             None => exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols),
         }
     }
