@@ -15,7 +15,6 @@ use smallvec::SmallVec;
 use trace_ir::shape::numel;
 use trace_ir::{DType, Meta, Result, Shape};
 
-use super::chain::{fuse, Chain, Fusion};
 use super::io::{alloc_output, Access, Data, Donated, Dst};
 use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
 use crate::buffer::Buffer;
@@ -81,8 +80,6 @@ pub(crate) struct LoopExec {
     /// No per-element register depends on a reduction: long rows can be
     /// walked in chunks.
     pub chunked: bool,
-    /// Per register: the chain it evaluates ([`super::chain`]).
-    pub chains: Vec<Option<Chain>>,
 }
 
 /// What one run shares with every tile.
@@ -384,11 +381,6 @@ pub(crate) struct Schedule {
     /// No element-level register depends on a reduction, so a row longer
     /// than a tile can be walked in chunks.
     pub chunked: bool,
-    /// Per register: the chain it evaluates, if it reads inlined registers
-    /// (which are not in `tile_order`).
-    pub chains: Vec<Option<Chain>>,
-    /// Per register: what it reads during a tile (a chain's leaves).
-    pub reads: Vec<SmallVec<[Reg; 4]>>,
 }
 
 /// Register slots for a run order ([`assign_slots`]); see [`Schedule`].
@@ -448,8 +440,11 @@ pub(crate) fn run_order(
 }
 
 /// Register slots for running `instrs` in `order` (a permutation of the
-/// registers in which each runs after its operands); see [`slots_for`].
-#[cfg(test)]
+/// registers in which each runs after its operands): a linear scan that
+/// frees a slot after the last instruction reading it, never frees a
+/// stored register's (stores run after the tile), and never gives an
+/// instruction the slot of one of its own operands (the tile takes the
+/// output slot out of its pool while it reads the operands).
 pub(crate) fn assign_slots(
     instrs: &[Instr],
     level: &[Level],
@@ -457,45 +452,26 @@ pub(crate) fn assign_slots(
     stored: &[Reg],
 ) -> Result<Slots> {
     check_indices(instrs, level, stored)?;
-    if order.len() != instrs.len() {
-        return Err(internal("the run order is not a permutation of the registers"));
-    }
-    let reads: Vec<SmallVec<[Reg; 4]>> =
-        instrs.iter().map(|i| i.operands().into_iter().collect()).collect();
-    slots_for(&reads, level, order, stored)
-}
-
-/// Register slots for running the registers of `order` (each once, after
-/// what it `reads`; inlined registers are not run): a linear scan that
-/// frees a slot after the last instruction reading it, never frees a
-/// stored register's (stores run after the tile), and never gives an
-/// instruction the slot of one of its own operands (the tile takes the
-/// output slot out of its pool while it reads the operands).
-fn slots_for(
-    reads: &[SmallVec<[Reg; 4]>],
-    level: &[Level],
-    order: &[Reg],
-    stored: &[Reg],
-) -> Result<Slots> {
-    let n = reads.len();
+    let n = instrs.len();
     let mut position = vec![usize::MAX; n];
     for (pos, &i) in order.iter().enumerate() {
         if i >= n || position[i] != usize::MAX {
-            return Err(internal("the run order repeats or invents a register"));
+            return Err(internal("the run order is not a permutation of the registers"));
         }
         position[i] = pos;
     }
-    if let Some(&r) = stored.iter().find(|&&r| position[r] == usize::MAX) {
-        return Err(internal(format!("stored register {r} is never run")));
+    if order.len() != n {
+        return Err(internal("the run order is not a permutation of the registers"));
     }
-    if let Some(&i) = order.iter().find(|&&i| reads[i].iter().any(|&o| position[o] >= position[i]))
+    if let Some(&i) =
+        order.iter().find(|&&i| instrs[i].operands().iter().any(|&o| position[o] > position[i]))
     {
         return Err(internal(format!("the run order puts instruction {i} before an operand")));
     }
     let mut last_use = vec![0usize; n];
     for (pos, &i) in order.iter().enumerate() {
         last_use[i] = last_use[i].max(pos);
-        for &o in &reads[i] {
+        for o in instrs[i].operands() {
             last_use[o] = last_use[o].max(pos);
         }
     }
@@ -527,7 +503,7 @@ fn slots_for(
         }
         tile_order.push(i);
         // Freed only now, after `i` took its slot.
-        let mut ops: Vec<usize> = reads[i].to_vec();
+        let mut ops: Vec<usize> = instrs[i].operands().to_vec();
         ops.push(i);
         ops.sort_unstable();
         ops.dedup();
@@ -544,43 +520,17 @@ fn slots_for(
     Ok(Slots { slot, n_elem, n_row, scalar_order, tile_order })
 }
 
-/// [`run_order`], the chains ([`fuse`], when `fusing`; none in a kernel
-/// whose long rows may be walked in chunks), then slots for what runs in
-/// that order.
+/// [`run_order`] then [`assign_slots`] in that order.
 pub(crate) fn schedule(
     instrs: &[Instr],
     level: &[Level],
     stored: &[Reg],
     row_dims: usize,
-    fusing: bool,
 ) -> Result<Schedule> {
     let (order, after_reduce, chunked) = run_order(instrs, level, row_dims)?;
-    check_indices(instrs, level, stored)?;
-    let Fusion { inlined, chains } = if chunked || !fusing {
-        Fusion::none(instrs.len())
-    } else {
-        fuse(instrs, level, stored, row_dims)
-    };
-    let reads: Vec<SmallVec<[Reg; 4]>> = (0..instrs.len())
-        .map(|i| match &chains[i] {
-            Some(chain) => chain.leaves(),
-            None => instrs[i].operands().into_iter().collect(),
-        })
-        .collect();
-    let order: Vec<Reg> = order.into_iter().filter(|&r| !inlined[r]).collect();
     let Slots { slot, n_elem, n_row, scalar_order, tile_order } =
-        slots_for(&reads, level, &order, stored)?;
-    Ok(Schedule {
-        slot,
-        n_elem,
-        n_row,
-        scalar_order,
-        tile_order,
-        after_reduce,
-        chunked,
-        chains,
-        reads,
-    })
+        assign_slots(instrs, level, &order, stored)?;
+    Ok(Schedule { slot, n_elem, n_row, scalar_order, tile_order, after_reduce, chunked })
 }
 
 impl LoopExec {
@@ -593,32 +543,11 @@ impl LoopExec {
         outputs: Vec<Meta>,
         epilogue: bool,
     ) -> Result<LoopExec> {
-        LoopExec::build(kernel, inputs, outputs, epilogue, true)
-    }
-
-    /// [`LoopExec::new`], with chains or without (to compare them).
-    fn build(
-        kernel: &LoopKernel,
-        inputs: Vec<Meta>,
-        outputs: Vec<Meta>,
-        epilogue: bool,
-        fusing: bool,
-    ) -> Result<LoopExec> {
         let Checked { level, loads, stores } = check(kernel, &inputs, &outputs, epilogue)?;
         let stored: Vec<Reg> = stores.iter().map(|st| st.reg).collect();
-        let Schedule {
-            slot,
-            n_elem,
-            n_row,
-            scalar_order,
-            tile_order,
-            after_reduce,
-            chunked,
-            chains,
-            reads: _,
-        } = schedule(&kernel.instrs, &level, &stored, kernel.row_dims, fusing)?;
+        let Schedule { slot, n_elem, n_row, scalar_order, tile_order, after_reduce, chunked } =
+            schedule(&kernel.instrs, &level, &stored, kernel.row_dims)?;
         Ok(LoopExec {
-            chains,
             after_reduce,
             chunked,
             kernel: kernel.clone(),
@@ -1120,8 +1049,6 @@ mod tests {
     use rewrite_rules::program::Store;
     use trace_ir::{BinaryOp, ReduceOp, UnaryOp};
 
-    use crate::cpu::fused::chain::Chain;
-
     const ROWS: usize = 4;
     const COLS: usize = 8;
 
@@ -1250,11 +1177,7 @@ mod tests {
                 return Ok(());
             }
             self.set(r, None)?;
-            let reads = match &self.exec.chains[r] {
-                Some(chain) => chain.leaves(),
-                None => self.exec.kernel.instrs[r].operands().into_iter().collect(),
-            };
-            for o in reads {
+            for o in self.exec.kernel.instrs[r].operands() {
                 self.read(o, &format!("instruction {r}"))?;
             }
             self.set(r, Some(r))
@@ -1488,113 +1411,6 @@ mod tests {
         );
     }
 
-    /// `instrs` over a `[rows, cols]` loop (inputs as in [`inputs`], each
-    /// stored register to an output of the loop's shape), with chains or
-    /// without.
-    fn exec_at(
-        instrs: &[Instr],
-        stored: &[Reg],
-        row_dims: usize,
-        (rows, cols): (usize, usize),
-        fusing: bool,
-    ) -> LoopExec {
-        let kernel = LoopKernel {
-            shape: [rows, cols].as_slice().into(),
-            row_dims,
-            instrs: instrs.to_vec(),
-            stores: stored
-                .iter()
-                .enumerate()
-                .map(|(output, &reg)| Store { reg, output, frame: Frame::Elem })
-                .collect(),
-        };
-        let inputs = vec![f32_meta(&[]), f32_meta(&[rows, 1]), f32_meta(&[rows, cols])];
-        let outputs = vec![f32_meta(&[rows, cols]); stored.len()];
-        LoopExec::build(&kernel, inputs, outputs, false, fusing).expect("a well-formed kernel")
-    }
-
-    /// The outputs' bits (NaN as one value) of `e` on `data`, one vector
-    /// per input of [`exec_at`].
-    fn run_bits(e: &LoopExec, data: &[Vec<f32>], (rows, cols): (usize, usize)) -> Vec<Vec<u32>> {
-        let tracker = MemoryTracker::new();
-        let metas = [f32_meta(&[]), f32_meta(&[rows, 1]), f32_meta(&[rows, cols])];
-        let inputs = metas
-            .into_iter()
-            .zip(data)
-            .map(|(m, d)| Arc::new(Buffer::host(m, HostData::F32(d.clone()), &tracker)))
-            .collect();
-        let outputs = e.run(inputs, None, &[rows, cols], &tracker, Isa::detect()).unwrap();
-        outputs
-            .iter()
-            .map(|b| match b.host_data() {
-                Some(HostData::F32(v)) => {
-                    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect()
-                }
-                other => panic!("not f32 host data: {other:?}"),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn chains_change_no_bit_of_any_result() {
-        // Random kernels with the four arithmetic ops (and a maximum, which
-        // never chains), run with chains and without: the same bits, on
-        // rows shorter than a strip, with a partial strip, and past a
-        // block of the row sums.
-        let mut rng = Rng(0x51a3_c0de_7a11_0fee);
-        let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum];
-        let (mut chained, mut chained_sums) = (0, 0);
-        for case in 0..1500 {
-            let shape = [(4, 8), (3, 100), (2, 1030), (5, 64)][case % 4];
-            let row_dims = rng.below(2);
-            let len = 2 + rng.below(16);
-            let mut instrs = vec![load(2)];
-            for i in 1..len {
-                let pick = |rng: &mut Rng| i - 1 - rng.below(i.min(3));
-                let ins = match rng.below(10) {
-                    0 => load(rng.below(3)),
-                    1 => unary(pick(&mut rng)),
-                    2 | 3 if row_dims > 0 => {
-                        let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max][rng.below(3)];
-                        Instr::Reduce { op, x: pick(&mut rng) }
-                    }
-                    _ => {
-                        let (a, b) = (pick(&mut rng), pick(&mut rng));
-                        Instr::Binary { op: ops[rng.below(ops.len())], a, b }
-                    }
-                };
-                instrs.push(ins);
-            }
-            let stored: Vec<Reg> =
-                (0..len).filter(|&r| r == len - 1 || rng.below(5) == 0).collect();
-            let fused = exec_at(&instrs, &stored, row_dims, shape, true);
-            if fused.chunked {
-                continue;
-            }
-            let plain = exec_at(&instrs, &stored, row_dims, shape, false);
-            assert!(plain.chains.iter().all(Option::is_none));
-            let chains: Vec<&Chain> = fused.chains.iter().flatten().collect();
-            chained += usize::from(!chains.is_empty());
-            chained_sums +=
-                usize::from((0..len).any(|r| {
-                    fused.chains[r].is_some() && matches!(instrs[r], Instr::Reduce { .. })
-                }));
-            let (rows, cols) = shape;
-            let mut value = || (rng.below(4001) as f32 - 2000.0) / 500.0;
-            let data = vec![
-                vec![value()],
-                (0..rows).map(|_| value()).collect(),
-                (0..rows * cols).map(|_| value()).collect::<Vec<f32>>(),
-            ];
-            assert_eq!(
-                run_bits(&fused, &data, shape),
-                run_bits(&plain, &data, shape),
-                "case {case}: {instrs:?}, stored {stored:?}, chains {chains:?}"
-            );
-        }
-        assert!(chained > 500 && chained_sums > 40, "{chained} {chained_sums}");
-    }
-
     #[test]
     fn malformed_kernels_are_errors() {
         // (what, instructions, stored registers, row dims, the error says)
@@ -1649,9 +1465,9 @@ mod tests {
     fn inconsistent_schedules_are_errors() {
         let instrs = vec![load(2), unary(0), add(0, 1)];
         let level = [Level::Elem; 3];
-        assert!(schedule(&instrs, &level[..2], &[2], 0, true).is_err());
-        assert!(schedule(&instrs, &level, &[3], 0, true).is_err());
-        assert!(schedule(&[load(2), unary(1)], &level[..2], &[], 0, true).is_err());
+        assert!(schedule(&instrs, &level[..2], &[2], 0).is_err());
+        assert!(schedule(&instrs, &level, &[3], 0).is_err());
+        assert!(schedule(&[load(2), unary(1)], &level[..2], &[], 0).is_err());
         for order in [vec![0, 1], vec![0, 1, 1], vec![0, 1, 2, 3], vec![0, 2, 1], vec![5, 0, 1]] {
             let r = assign_slots(&instrs, &level, &order, &[2]);
             assert!(r.is_err(), "order {order:?}");

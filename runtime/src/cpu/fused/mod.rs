@@ -5,7 +5,6 @@
 //! products over strided operand views with an epilogue loop.
 
 pub(crate) mod bf16_gemm;
-pub(crate) mod chain;
 pub(crate) mod gemm;
 pub(crate) mod io;
 pub(crate) mod loops;

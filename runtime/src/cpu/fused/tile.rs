@@ -10,7 +10,6 @@
 use rewrite_rules::program::{Instr, Reg};
 use trace_ir::{BinaryOp, ReduceOp};
 
-use super::chain::run_chain;
 use super::io::round_bf16;
 use super::loops::{Home, Level, LoopExec, RunState, Scratch, StoreLayout, Tile};
 
@@ -74,7 +73,7 @@ pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { tile_avx2(exec, rs, s, t) },
-        _ => tile_body::<PORTABLE_FMA>(Isa::Portable, exec, rs, s, t),
+        _ => tile_body::<PORTABLE_FMA>(exec, rs, s, t),
     }
 }
 
@@ -83,13 +82,13 @@ pub(crate) fn run_tile(isa: Isa, exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
     enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt"
 )]
 unsafe fn tile_avx512(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
-    tile_body::<true>(Isa::Avx512, exec, rs, s, t)
+    tile_body::<true>(exec, rs, s, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,bmi1,bmi2,lzcnt,popcnt")]
 unsafe fn tile_avx2(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
-    tile_body::<true>(Isa::Avx2, exec, rs, s, t)
+    tile_body::<true>(exec, rs, s, t)
 }
 
 /// A register as an operand: a scalar, one value per row, or one per element.
@@ -344,12 +343,12 @@ fn spread(a: A<'_>, out: &mut [f32], cols: usize) {
 
 /// Independent f32 accumulators of a row sum: four AVX2 registers (two
 /// AVX-512 ones, eight SSE ones), enough to hide the latency of the adds.
-pub(crate) const SUM_LANES: usize = 32;
+const SUM_LANES: usize = 32;
 
 /// Elements summed in f32 before the partial sum is carried in f64: each
 /// lane then adds at most `SUM_BLOCK / SUM_LANES` values, which bounds the
 /// rounding error of a block (see [`sum_block`]) whatever the row length.
-pub(crate) const SUM_BLOCK: usize = 1024;
+const SUM_BLOCK: usize = 1024;
 
 /// Sum of at most [`SUM_BLOCK`] values: lane `i` adds every
 /// `SUM_LANES`-th value in f32 (a loop the compiler turns into vector adds;
@@ -379,13 +378,8 @@ fn sum_block(x: &[f32]) -> f64 {
             acc[i] += last[i];
         }
     }
-    widen_lanes(&acc)
-}
-
-/// The sum of a block's lanes. They are the block's largest partial sums,
-/// so adding them in f32 would round most: they are widened first.
-#[inline(always)]
-pub(crate) fn widen_lanes(acc: &[f32; SUM_LANES]) -> f64 {
+    // The lanes' sums are the block's largest partial sums, so adding them
+    // in f32 would round most: they are widened first.
     let mut wide = [0.0f64; SUM_LANES];
     for i in 0..SUM_LANES {
         wide[i] = acc[i] as f64;
@@ -497,23 +491,13 @@ pub(crate) fn reduce_const(op: ReduceOp, v: f32, cols: usize) -> f32 {
     }
 }
 
-/// The tile with the code of `isa` (whose fused multiply-add says `FMA`).
 #[inline(always)]
-fn tile_body<const FMA: bool>(
-    isa: Isa,
-    exec: &LoopExec,
-    rs: &RunState<'_>,
-    s: &mut Scratch,
-    t: Tile,
-) {
+fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
     if exec.chunked && rs.cols > t.len {
         return chunked_body::<FMA>(exec, rs, s, t);
     }
     for &reg in &exec.tile_order {
-        match &exec.chains[reg] {
-            Some(chain) => run_chain(isa, exec, rs, s, t, reg, chain),
-            None => exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols),
-        }
+        exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols);
     }
     store(exec, rs, s, t, |_| true);
 }
@@ -602,7 +586,7 @@ fn chunked_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scr
 /// The values of element-level register `r` over tile `t`, wherever they
 /// live (see [`Home`]).
 #[inline(always)]
-pub(crate) fn elem_of<'b>(
+fn elem_of<'b>(
     exec: &LoopExec,
     rs: &'b RunState<'_>,
     elem: &'b [Vec<f32>],
