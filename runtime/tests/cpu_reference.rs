@@ -240,6 +240,47 @@ fn sum_over_axes_with_and_without_keepdim() {
 }
 
 #[test]
+fn leading_axis_reductions_read_rows_in_order() {
+    // A bias-gradient shape: the reduced axes lead, so the kernel folds whole
+    // rows; wide enough that column blocks run in parallel.
+    let (r, k) = (300, 2500);
+    let mut x = noise(r * k, 7);
+    x[5 * k + 17] = f32::NAN;
+    x[9 * k + 40] = f32::INFINITY;
+    let t = |kind| {
+        unary_trace(
+            meta(&[3, r / 3, k], DType::F32),
+            Op::Reduce { kind, axes: ax(&[0, 1]), keepdim: true },
+        )
+    };
+    let col = |j: usize| (0..r).map(|i| x[i * k + j]).collect::<Vec<f32>>().into_iter();
+    let sums: Vec<f32> = (0..k).map(|j| col(j).fold(-0.0f64, |a, v| a + v as f64) as f32).collect();
+    let maxs: Vec<f32> = (0..k)
+        .map(|j| {
+            col(j).fold(f32::NEG_INFINITY, |a, v| {
+                if a.is_nan() || v.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(v)
+                }
+            })
+        })
+        .collect();
+    assert_same_f32(&f32s(&run1(&t(ReduceOp::Sum), vec![HostData::F32(x.clone())])), &sums);
+    assert_same_f32(&f32s(&run1(&t(ReduceOp::Max), vec![HostData::F32(x.clone())])), &maxs);
+    assert!(sums[17].is_nan() && maxs[17].is_nan() && sums[40] == f32::INFINITY);
+    // Integer sums wrap the same way on this path.
+    let t = unary_trace(
+        meta(&[2, 3], DType::I32),
+        Op::Reduce { kind: ReduceOp::Sum, axes: ax(&[0]), keepdim: false },
+    );
+    assert_eq!(
+        run1(&t, vec![HostData::I32(vec![i32::MAX, 1, 2, 1, 2, 3])]),
+        HostData::I32(vec![i32::MIN, 3, 5])
+    );
+}
+
+#[test]
 fn mean_prod_and_empty_axes() {
     let t = unary_trace(
         meta(&[2, 3], DType::F32),

@@ -22,6 +22,10 @@ pub(crate) struct Plan {
     /// Elements reduced into each output.
     pub(crate) r: usize,
     pub(crate) out_n: usize,
+    /// Whether the reduced dimensions all come before the kept ones (a bias
+    /// gradient's sum over the batch): the input is then `r` rows of the
+    /// `out_n` outputs, one after another in memory.
+    pub(crate) leading: bool,
 }
 
 impl Plan {
@@ -34,6 +38,7 @@ impl Plan {
             red_strides: SmallVec::new(),
             r: 0,
             out_n: 0,
+            leading: (0..axes.len()).all(|d| axes.contains(&d)),
         };
         for (d, (&n, &s)) in shape.iter().zip(&strides).enumerate() {
             if axes.contains(&d) {
@@ -74,6 +79,9 @@ pub(crate) fn fold_rows<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Sen
     merge: impl Fn(A, A) -> A + Sync + Send,
     finish: impl Fn(A) -> O + Sync + Send,
 ) -> Vec<O> {
+    if p.leading && p.out_n > 1 {
+        return fold_leading(data, p, init, step, finish);
+    }
     let rs = p.red_strides.last().copied().unwrap_or(0);
     let serial = |acc: A, base: usize, start: usize, len: usize| -> A {
         let mut acc = acc;
@@ -110,6 +118,43 @@ pub(crate) fn fold_rows<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Sen
         fill(0, &mut out);
     } else {
         out.par_chunks_mut(per).enumerate().for_each(|(c, s)| fill(c * per, s));
+    }
+    out
+}
+
+/// Output columns per block of [`fold_leading`]: their accumulators stay in
+/// the L1 cache while every input row passes over them.
+const COLUMNS: usize = 1024;
+
+/// [`fold_rows`] for reduced dimensions that lead: reads the input in memory
+/// order, folding each row into a block of accumulators, where the general
+/// walk would load one element per cache line. Each output still folds its
+/// elements in order, one after another, so the result does not depend on
+/// the thread count.
+fn fold_leading<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Send>(
+    data: &[T],
+    p: &Plan,
+    init: impl Fn(usize) -> A + Sync + Send,
+    step: impl Fn(A, T::D) -> A + Sync + Send,
+    finish: impl Fn(A) -> O + Sync + Send,
+) -> Vec<O> {
+    let k = p.out_n;
+    let block = |start: usize, out: &mut [O]| {
+        let mut acc: Vec<A> = (start..start + out.len()).map(&init).collect();
+        for row in data.chunks_exact(k).take(p.r) {
+            for (a, x) in acc.iter_mut().zip(&row[start..start + out.len()]) {
+                *a = step(*a, x.load());
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = finish(a);
+        }
+    };
+    let mut out = vec![O::default(); k];
+    if p.r.saturating_mul(k) > PAR_THRESHOLD && k > COLUMNS {
+        out.par_chunks_mut(COLUMNS).enumerate().for_each(|(c, s)| block(c * COLUMNS, s));
+    } else {
+        out.chunks_mut(COLUMNS).enumerate().for_each(|(c, s)| block(c * COLUMNS, s));
     }
     out
 }
