@@ -178,6 +178,18 @@ impl PyTensor {
         wrap(self.inner.slice(axis, start, stop, step))
     }
 
+    /// Rows `indices[i]` of this table; the lowering checks the indices
+    /// (`check_indices`) with its own op's message.
+    fn gather_rows(&self, indices: &PyTensor) -> R {
+        wrap(self.inner.gather_rows_unchecked(&indices.inner))
+    }
+
+    /// `rows` rows of zeros plus row `i` of this tensor added to row
+    /// `indices[i]`; checked by the lowering as `gather_rows` is.
+    fn scatter_add_rows(&self, indices: &PyTensor, rows: usize) -> R {
+        wrap(self.inner.scatter_add_rows_unchecked(&indices.inner, rows))
+    }
+
     fn matmul(&self, rhs: &PyTensor) -> R {
         wrap(self.inner.matmul(&rhs.inner))
     }

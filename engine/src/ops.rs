@@ -9,7 +9,7 @@ use trace_ir::{
     Operand, ReduceOp, Result, Shape, UnaryOp,
 };
 
-use crate::{Context, Tensor};
+use crate::{BoundsMessage, Context, Tensor};
 
 /// A Rust number passed to an op. Its value becomes a runtime parameter of the
 /// trace, so changing it recompiles nothing.
@@ -466,6 +466,50 @@ impl Tensor {
         }
         let refs: Vec<&Tensor> = cast.iter().collect();
         ctx.record(Op::Concat { axis }, &refs)
+    }
+}
+
+/// Row gathers and scatters: embedding lookups and their gradients.
+impl Tensor {
+    /// Rows `indices[i]` of this table, as PyTorch's `index_select(0,
+    /// indices)` for 1-d integer `indices` in `0..rows`. An index out of
+    /// range fails as [`Tensor::check_index`] says, naming `index_select`.
+    #[track_caller]
+    pub fn gather_rows(&self, indices: &Tensor) -> Result<Tensor> {
+        let indices = indices.to_context(&self.ctx())?;
+        let out = self.gather_rows_unchecked(&indices)?;
+        let rows = self.shape().first().copied().unwrap_or(0);
+        indices.check_index(rows, "index_select", 0, BoundsMessage::OutOfRangeInSelf)?;
+        Ok(out)
+    }
+
+    /// [`Tensor::gather_rows`] for a caller that checks the indices itself
+    /// (a binding naming its own op and call site): an index out of range
+    /// reads the nearest row.
+    #[track_caller]
+    pub fn gather_rows_unchecked(&self, indices: &Tensor) -> Result<Tensor> {
+        let indices = indices.to_context(&self.ctx())?;
+        self.ctx().record(Op::GatherRows, &[self, &indices])
+    }
+
+    /// `rows` rows of zeros, plus row `i` of this tensor added to row
+    /// `indices[i]` in order of `i`: PyTorch's `index_add(0, indices, self)`
+    /// into zeros, the gradient of [`Tensor::gather_rows`]. An index out of
+    /// range fails as [`Tensor::check_index`] says, naming `index_add`.
+    #[track_caller]
+    pub fn scatter_add_rows(&self, indices: &Tensor, rows: usize) -> Result<Tensor> {
+        let indices = indices.to_context(&self.ctx())?;
+        let out = self.scatter_add_rows_unchecked(&indices, rows)?;
+        indices.check_index(rows, "index_add", 0, BoundsMessage::OutOfRangeInSelf)?;
+        Ok(out)
+    }
+
+    /// [`Tensor::scatter_add_rows`] for a caller that checks the indices
+    /// itself: a row out of range adds nothing.
+    #[track_caller]
+    pub fn scatter_add_rows_unchecked(&self, indices: &Tensor, rows: usize) -> Result<Tensor> {
+        let indices = indices.to_context(&self.ctx())?;
+        self.ctx().record(Op::ScatterAddRows { rows }, &[&indices, self])
     }
 }
 

@@ -221,3 +221,33 @@ fn a_computed_index_is_checked_with_the_value_it_has_then() {
         );
     }
 }
+
+#[test]
+fn row_gathers_and_scatters_check_their_indices_in_every_mode() {
+    for mode in Mode::ALL {
+        let ctx = Context::with_mode(mode).unwrap();
+        let t = ctx.arange(0.0, 6.0, 1.0, DType::F32).unwrap().reshape(&[3, 2]).unwrap();
+        let idx = ctx.from_vec(vec![2i64, 0, 2], &[3]).unwrap();
+        let rows = t.gather_rows(&idx).unwrap();
+        assert_eq!(rows.to_vec::<f32>().unwrap(), vec![4.0, 5.0, 0.0, 1.0, 4.0, 5.0], "{mode}");
+        // The gradient of the gather: repeated rows add up.
+        let back = rows.scatter_add_rows(&idx, 3).unwrap();
+        assert_eq!(back.to_vec::<f32>().unwrap(), vec![0.0, 1.0, 0.0, 0.0, 8.0, 10.0], "{mode}");
+
+        let bad = ctx.from_vec(vec![1i64, 3], &[2]).unwrap();
+        let err = match t.gather_rows(&bad) {
+            Err(e) => e,
+            Ok(picked) => picked.to_vec::<f32>().unwrap_err(),
+        };
+        let b = out_of_bounds(err);
+        assert_eq!((b.op.as_str(), b.message.as_str()), ("index_select", "index out of range in self"));
+        let ones = ctx.from_vec(vec![1.0f32; 4], &[2, 2]).unwrap();
+        let err = match ones.scatter_add_rows(&bad, 3) {
+            Err(e) => e,
+            Ok(summed) => summed.to_vec::<f32>().unwrap_err(),
+        };
+        assert_eq!(out_of_bounds(err).op, "index_add", "{mode}");
+        // The context goes on working.
+        assert_eq!(t.sum_all().unwrap().item::<f32>().unwrap(), 15.0, "{mode}");
+    }
+}

@@ -63,7 +63,9 @@ impl<'a> BytesMoved<'a> {
                 let in_elems = inputs.first().map_or(0.0, |m| m.numel() as f64);
                 PER_OP + read + write + ELEMENT_OP * in_elems
             }
-            Expand | Reshape | Permute | Slice | Concat => PER_OP + read + write,
+            Expand | Reshape | Permute | Slice | Concat | GatherRows | ScatterAddRows => {
+                PER_OP + read + write
+            }
             MatMul => {
                 let k = inputs.first().and_then(|m| m.shape.last()).copied().unwrap_or(0) as f64;
                 PER_OP + read + write + MATMUL_FLOP * elems * k

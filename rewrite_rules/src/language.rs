@@ -63,6 +63,10 @@ pub enum NodeKind {
     LayerNorm,
     /// `(rms_norm ?x ?eps axes)`
     RmsNorm,
+    /// `(gather_rows ?table ?indices)`
+    GatherRows,
+    /// `(scatter_add_rows ?indices ?updates rows)`
+    ScatterAddRows,
 }
 
 impl NodeKind {
@@ -93,6 +97,8 @@ impl NodeKind {
             LogSoftmax => (19, 0),
             LayerNorm => (20, 0),
             RmsNorm => (21, 0),
+            GatherRows => (22, 0),
+            ScatterAddRows => (23, 0),
         }
     }
 
@@ -100,9 +106,9 @@ impl NodeKind {
     pub fn num_attrs(&self) -> usize {
         use NodeKind::*;
         match self {
-            Attr(_) | Unary(_) | Binary(_) | Where | MatMul => 0,
+            Attr(_) | Unary(_) | Binary(_) | Where | MatMul | GatherRows => 0,
             Cast | Expand | Reshape | Permute | Concat | Softmax | LogSoftmax | LayerNorm
-            | RmsNorm => 1,
+            | RmsNorm | ScatterAddRows => 1,
             Reduce(_) | ArgReduce(_) => 2,
             Parameter | Full | Rand | Randn => 3,
             Arange | Slice => 4,
@@ -116,7 +122,7 @@ impl NodeKind {
             Attr(_) | Parameter | Full | Arange | Rand | Randn => Some(0),
             Unary(_) | Cast | Reduce(_) | ArgReduce(_) | Expand | Reshape | Permute | Slice
             | Softmax | LogSoftmax => Some(1),
-            Binary(_) | MatMul | LayerNorm | RmsNorm => Some(2),
+            Binary(_) | MatMul | LayerNorm | RmsNorm | GatherRows | ScatterAddRows => Some(2),
             Where => Some(3),
             Concat => None,
         }
@@ -149,6 +155,8 @@ impl NodeKind {
             LogSoftmax => "log_softmax".into(),
             LayerNorm => "layer_norm".into(),
             RmsNorm => "rms_norm".into(),
+            GatherRows => "gather_rows".into(),
+            ScatterAddRows => "scatter_add_rows".into(),
         }
     }
 
@@ -177,6 +185,8 @@ impl NodeKind {
             LogSoftmax,
             LayerNorm,
             RmsNorm,
+            GatherRows,
+            ScatterAddRows,
         ];
         let all = fixed
             .into_iter()
@@ -255,6 +265,8 @@ impl NodeKind {
             }
             NodeKind::LayerNorm => Op::LayerNorm { axes: dims(0)? },
             NodeKind::RmsNorm => Op::RmsNorm { axes: dims(0)? },
+            NodeKind::GatherRows => Op::GatherRows,
+            NodeKind::ScatterAddRows => Op::ScatterAddRows { rows: int(0)? },
         })
     }
 
@@ -304,6 +316,8 @@ impl NodeKind {
             }
             Op::LayerNorm { axes } => (NodeKind::LayerNorm, vec![shape(axes)]),
             Op::RmsNorm { axes } => (NodeKind::RmsNorm, vec![shape(axes)]),
+            Op::GatherRows => (NodeKind::GatherRows, vec![]),
+            Op::ScatterAddRows { rows } => (NodeKind::ScatterAddRows, vec![A::int(*rows)]),
         }
     }
 }

@@ -281,6 +281,48 @@ fn leading_axis_reductions_read_rows_in_order() {
 }
 
 #[test]
+fn row_gather_clamps_and_scatter_add_skips() {
+    let mut t = Trace::new();
+    let x = t.push_parameter(meta(&[3, 2], DType::F32));
+    let idx = t.push_parameter(meta(&[4], DType::I64));
+    let to = t.push_parameter(meta(&[4], DType::I64));
+    let upd = t.push_parameter(meta(&[4, 2], DType::BF16));
+    let to32 = t.push_parameter(meta(&[4], DType::I32));
+    let ints = t.push_parameter(meta(&[4], DType::I32));
+    let g = t.push(Op::GatherRows, &[x, idx]).unwrap();
+    let s = t.push(Op::ScatterAddRows { rows: 3 }, &[to, upd]).unwrap();
+    let w = t.push(Op::ScatterAddRows { rows: 2 }, &[to32, ints]).unwrap();
+    t.outputs = vec![g, s, w];
+    let bf = |v: [f32; 8]| HostData::BF16(v.map(bf16::from_f32).to_vec());
+    let out = run(
+        &t,
+        vec![
+            HostData::F32(iota(6)),
+            HostData::I64(vec![2, -1, 7, 1]),
+            HostData::I64(vec![2, 2, 7, 2]),
+            // Row 2 sums 256 + 1 + 1 = 258 and rounds once: added one at a
+            // time in bf16 it would stay 256.
+            bf([256.0, 1.0, 1.0, 5.0, 9.0, 9.0, 1.0, 1.0]),
+            HostData::I32(vec![0, 0, 5, 1]),
+            HostData::I32(vec![i32::MAX, 1, 7, 3]),
+        ],
+    )
+    .unwrap();
+    // Out of range: the gather reads the nearest row, the scatter skips.
+    assert_eq!(f32s(&out[0]), vec![4.0, 5.0, 0.0, 1.0, 4.0, 5.0, 2.0, 3.0]);
+    assert_eq!(out[1].to_f64_vec(), vec![0.0, 0.0, 0.0, 0.0, 258.0, 7.0]);
+    assert_eq!(out[2], HostData::I32(vec![i32::MIN, 3]));
+    // Indices must be integers, one per row of updates.
+    let mut t = Trace::new();
+    let x = t.push_parameter(meta(&[3, 2], DType::F32));
+    let f = t.push_parameter(meta(&[4], DType::F32));
+    assert!(t.push(Op::GatherRows, &[x, f]).is_err());
+    let i = t.push_parameter(meta(&[4], DType::I64));
+    let err = t.push(Op::ScatterAddRows { rows: 3 }, &[i, x]).unwrap_err();
+    assert!(err.to_string().contains("one row of updates per index"), "{err}");
+}
+
+#[test]
 fn mean_prod_and_empty_axes() {
     let t = unary_trace(
         meta(&[2, 3], DType::F32),

@@ -307,6 +307,37 @@ fn layout_ops() {
 }
 
 #[test]
+fn row_gather_and_scatter_add() {
+    let be = pjrt();
+    let table = meta(&[5, 3], DType::F32);
+    let mut t = Trace::new();
+    let x = t.push_parameter(table.clone());
+    let idx = t.push_parameter(meta(&[6], DType::I64));
+    let upd = t.push_parameter(meta(&[6, 3], DType::F32));
+    let col = t.push_parameter(meta(&[5], DType::BF16));
+    let idx32 = t.push_parameter(meta(&[6], DType::I32));
+    let g = t.push(Op::GatherRows, &[x, idx]).unwrap();
+    let g1 = t.push(Op::GatherRows, &[col, idx32]).unwrap();
+    let s = t.push(Op::ScatterAddRows { rows: 5 }, &[idx, upd]).unwrap();
+    t.outputs = vec![g, g1, s];
+    // Repeated rows add up; every index is in range (out of range, XLA and
+    // the CPU backend agree only on the rule, not on a checked result).
+    let rows = vec![4i64, 0, 2, 4, 4, 1];
+    check(
+        &be,
+        "rows",
+        &t,
+        &[
+            data(&table, 18, -1.0, 1.0),
+            HostData::I64(rows.clone()),
+            data(&meta(&[6, 3], DType::F32), 19, -1.0, 1.0),
+            data(&meta(&[5], DType::BF16), 20, -1.0, 1.0),
+            HostData::I32(rows.iter().map(|&i| i as i32).collect()),
+        ],
+    );
+}
+
+#[test]
 fn fused_row_forms() {
     let be = pjrt();
     for dt in [DType::F32, DType::BF16] {

@@ -46,6 +46,7 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
         Op::Expand { .. } | Op::Reshape { .. } | Op::Permute { .. } | Op::Slice { .. } => Some(1),
         Op::Softmax { .. } | Op::LogSoftmax { .. } => Some(1),
         Op::Binary { .. } | Op::MatMul | Op::LayerNorm { .. } | Op::RmsNorm { .. } => Some(2),
+        Op::GatherRows | Op::ScatterAddRows { .. } => Some(2),
         Op::Where => Some(3),
         Op::Concat { .. } => None,
     };
@@ -250,6 +251,38 @@ fn infer_unchecked(op: &Op, inputs: &[&Meta]) -> Result<Meta> {
             out.push(m);
             out.push(n);
             Ok(Meta::new(out, dtypes[0]))
+        }
+        Op::GatherRows | Op::ScatterAddRows { .. } => {
+            let gather = matches!(op, Op::GatherRows);
+            let (rows, idx) = if gather { (0, 1) } else { (1, 0) };
+            if !matches!(dtypes[idx], DType::I32 | DType::I64) {
+                return Err(Error::dtype(name, "indices must be i32 or i64", &dtypes));
+            }
+            if !gather && dtypes[rows] == DType::Bool {
+                return Err(Error::dtype(name, "cannot add bool updates", &dtypes));
+            }
+            if shapes[idx].len() != 1 || shapes[rows].is_empty() {
+                return Err(Error::shape(
+                    name,
+                    "needs 1-d indices and a table of at least one dimension",
+                    &shapes,
+                ));
+            }
+            let mut out = shapes[rows].clone();
+            match op {
+                Op::ScatterAddRows { rows: n } => {
+                    if out[0] != shapes[idx][0] {
+                        return Err(Error::shape(
+                            name,
+                            "needs one row of updates per index",
+                            &shapes,
+                        ));
+                    }
+                    out[0] = *n;
+                }
+                _ => out[0] = shapes[idx][0],
+            }
+            Ok(Meta::new(out, dtypes[rows]))
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => check_row_op(op, name, inputs, &[*axis]),
         Op::LayerNorm { axes } | Op::RmsNorm { axes } => check_row_op(op, name, inputs, axes),

@@ -280,6 +280,18 @@ pub enum Op {
     },
     /// Batched matrix product over the last two dimensions; batch dimensions broadcast.
     MatMul,
+    /// Rows of a table: inputs `table` `[n, ...]` and integer `indices`
+    /// `[m]`, output `[m, ...]` with row `i` = `table[indices[i]]`. An index
+    /// outside `0..n` reads the nearest row (XLA's gather clamps); callers
+    /// that must reject one check the indices beside it.
+    GatherRows,
+    /// The adjoint of [`Op::GatherRows`]: inputs integer `indices` `[m]` and
+    /// `updates` `[m, ...]`, output `[rows, ...]`, zero but for
+    /// `out[indices[i]] += updates[i]`, added in order of `i`. An index
+    /// outside `0..rows` adds nothing (XLA's scatter skips it).
+    ScatterAddRows {
+        rows: usize,
+    },
     /// Fused forms. Users never record these (the engine builds composites
     /// from primitives); the rewrites recognise the decomposed patterns and
     /// lift them here so the planner can emit one kernel per pattern.
@@ -342,6 +354,8 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Concat { .. } => "concat",
             Op::MatMul => "matmul",
+            Op::GatherRows => "gather_rows",
+            Op::ScatterAddRows { .. } => "scatter_add_rows",
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::LayerNorm { .. } => "layer_norm",

@@ -4,7 +4,7 @@
 use trace_ir::shape::numel;
 use trace_ir::{Error, Result};
 
-use super::elem::{broadcast, build, by_any, row_major, typed, walk, Elem, Strides};
+use super::elem::{broadcast, build, by_any, by_dtype, row_major, typed, walk, Elem, Strides};
 use crate::host_data::HostData;
 
 /// `out[i] = data[base + sum_d idx_d(i) * strides[d]]` over `out_shape`.
@@ -106,4 +106,78 @@ pub(crate) fn concat(inputs: &[(&HostData, &[usize])], axis: usize) -> Result<Ho
         }
         T::wrap(out)
     }))
+}
+
+/// The indices of a row gather or scatter, widened to i64.
+fn index_list(indices: &HostData) -> Result<std::borrow::Cow<'_, [i64]>> {
+    match indices {
+        HostData::I64(v) => Ok(std::borrow::Cow::Borrowed(v)),
+        HostData::I32(v) => Ok(std::borrow::Cow::Owned(v.iter().map(|&i| i as i64).collect())),
+        other => Err(Error::dtype("gather_rows", "indices must be i32 or i64", &[other.dtype()])),
+    }
+}
+
+/// Rows `indices[i]` of `table` (of shape `shape`), each index clamped into
+/// range as `Op::GatherRows` says.
+pub(crate) fn gather_rows(
+    table: &HostData,
+    shape: &[usize],
+    indices: &HostData,
+) -> Result<HostData> {
+    let idx = index_list(indices)?;
+    let n = shape[0];
+    let row = numel(&shape[1..]);
+    if n == 0 && !idx.is_empty() {
+        return Err(Error::shape(
+            "gather_rows",
+            "cannot gather from a table without rows",
+            &[&trace_ir::shape::shape(shape)],
+        ));
+    }
+    let pick = |i: i64| i.clamp(0, n as i64 - 1) as usize * row;
+    Ok(by_any!(table.dtype(), T => {
+        let t = typed::<T>(table)?;
+        let mut out = Vec::with_capacity(idx.len() * row);
+        for &i in idx.iter() {
+            out.extend_from_slice(&t[pick(i)..pick(i) + row]);
+        }
+        T::wrap(out)
+    }))
+}
+
+/// `rows` rows of zeros plus `updates[i]` (of shape `shape`) added to row
+/// `indices[i]`, in order of `i`, in the computing domain of the dtype (f32
+/// for the float types, wrapping i64 for the integers); rows out of range
+/// are skipped.
+pub(crate) fn scatter_add_rows(
+    indices: &HostData,
+    updates: &HostData,
+    shape: &[usize],
+    rows: usize,
+) -> Result<HostData> {
+    fn add<T: Elem>(
+        idx: &[i64],
+        u: &[T],
+        row: usize,
+        rows: usize,
+        plus: impl Fn(T::D, T::D) -> T::D,
+    ) -> Vec<T> {
+        let mut acc: Vec<T::D> = vec![T::default().load(); rows * row];
+        for (&i, src) in idx.iter().zip(u.chunks_exact(row.max(1))) {
+            if (0..rows as i64).contains(&i) {
+                let dst = &mut acc[i as usize * row..(i as usize + 1) * row];
+                for (a, &x) in dst.iter_mut().zip(src) {
+                    *a = plus(*a, x.load());
+                }
+            }
+        }
+        acc.into_iter().map(T::store).collect()
+    }
+    let idx = index_list(indices)?;
+    let row = numel(&shape[1..]);
+    by_dtype!(updates.dtype();
+        float T => Ok(T::wrap(add::<T>(&idx, typed::<T>(updates)?, row, rows, |a, b| a + b)));
+        int T => Ok(T::wrap(add::<T>(&idx, typed::<T>(updates)?, row, rows, i64::wrapping_add)));
+        bool => Err(Error::dtype("scatter_add_rows", "cannot add bool updates", &[updates.dtype()]))
+    )
 }

@@ -324,6 +324,19 @@ impl CpuExecutable {
                     .collect::<Result<Vec<_>>>()?;
                 layout::concat(&parts, *axis)?
             }
+            Op::GatherRows => {
+                let [table, idx] = fixed::<2>(args)?;
+                layout::gather_rows(host(&table)?, &table.meta().shape, host(&idx)?)?
+            }
+            Op::ScatterAddRows { rows } => {
+                let [idx, updates] = fixed::<2>(args)?;
+                layout::scatter_add_rows(
+                    host(&idx)?,
+                    host(&updates)?,
+                    &updates.meta().shape,
+                    *rows,
+                )?
+            }
             Op::MatMul => {
                 let [a, b] = fixed::<2>(args)?;
                 matmul::matmul(host(&a)?, &a.meta().shape, host(&b)?, &b.meta().shape, shape)?

@@ -271,6 +271,17 @@ fn tensor(shape: &[usize], ty: Ty) -> String {
     s
 }
 
+/// `name = [a, b], ` for a dimension-numbers attribute, or nothing for no
+/// dimensions (the field's default).
+fn dims_field(name: &str, dims: impl IntoIterator<Item = usize>) -> String {
+    let items: Vec<String> = dims.into_iter().map(|x| x.to_string()).collect();
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!("{name} = [{}], ", items.join(", "))
+    }
+}
+
 fn i64_array(v: impl IntoIterator<Item = usize>) -> String {
     let items: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
     if items.is_empty() {
@@ -456,6 +467,40 @@ impl Emitter {
         out
     }
 
+    /// 1-d indices as the `[m, 1]` column gather and scatter index with.
+    fn index_column(&mut self, idx: &V) -> V {
+        let m = idx.shape[0];
+        self.reshape(idx, &[m, 1])
+    }
+
+    /// `base` with row `idx[i]` plus `updates[i]` for each `i` (rows out of
+    /// range are skipped, as `Op::ScatterAddRows` says).
+    fn scatter_add(&mut self, base: &V, idx: &V, updates: &V) -> V {
+        let out = V { name: self.fresh(), shape: base.shape.clone(), ty: base.ty };
+        let (a, b) = (self.fresh(), self.fresh());
+        let st = base.scalar_ty();
+        let _ = writeln!(
+            self.body,
+            "{INDENT}{} = \"stablehlo.scatter\"({}, {}, {}) ({{",
+            out.name, base.name, idx.name, updates.name
+        );
+        let _ = writeln!(self.body, "{INDENT}^bb0({a}: {st}, {b}: {st}):");
+        let av = V { name: a, shape: vec![], ty: base.ty };
+        let bv = V { name: b, shape: vec![], ty: base.ty };
+        let r = self.emit_at("      ", "stablehlo.add", &[&av, &bv], "", &[], base.ty);
+        let _ = writeln!(self.body, "      \"stablehlo.return\"({}) : ({st}) -> ()", r.name);
+        let _ = writeln!(
+            self.body,
+            "{INDENT}}}) {{scatter_dimension_numbers = #stablehlo.scatter<{}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false}} : ({}, {}, {}) -> {}",
+            dims_field("update_window_dims", 1..updates.shape.len()),
+            base.ty_str(),
+            idx.ty_str(),
+            updates.ty_str(),
+            out.ty_str()
+        );
+        out
+    }
+
     /// Broadcasts a reduced value back over the input shape `shape`.
     fn expand_reduced(&mut self, r: &V, shape: &[usize], axes: &[usize]) -> V {
         let dims: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
@@ -587,6 +632,23 @@ impl Emitter {
                 }
             }
             Op::MatMul => self.matmul(&args[0], &args[1], &shape)?,
+            Op::GatherRows => {
+                let (table, idx) = (&args[0], self.index_column(&args[1]));
+                let rank = table.shape.len();
+                let mut sizes = table.shape.clone();
+                sizes[0] = 1;
+                let attrs = format!(
+                    "dimension_numbers = #stablehlo.gather<{}collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = {}, indices_are_sorted = false",
+                    dims_field("offset_dims", 1..rank),
+                    i64_array(sizes)
+                );
+                self.emit("stablehlo.gather", &[table, &idx], &attrs, &shape, ty)
+            }
+            Op::ScatterAddRows { .. } => {
+                let (idx, updates) = (self.index_column(&args[0]), &args[1]);
+                let zero = self.splat(0.0, ty, &shape);
+                self.scatter_add(&zero, &idx, updates)
+            }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
                 let x = self.convert(&args[0], args[0].ty.compute());
                 let axes = [*axis];

@@ -1,10 +1,13 @@
-"""Lookups as masked sums.
+"""Lookups: row gathers, and masked sums for the rest.
 
-The engine has no gather, so a lookup is written as a masked sum: for every
-candidate position, `where(index == position, value, 0)`, summed over the
-positions. It is exact (one term is non-zero; `where` keeps an infinite or
-NaN table entry out of the others), but costs as many elements as lookups x
-candidates, so larger ones (`ONE_HOT_LIMIT`) stay on the CPU.
+Whole rows along one dimension (`index_select`, `embedding` and its
+gradient) are the engine's row gather and scatter-add, which cost what they
+copy. Other lookups (`gather` element by element, `embedding_bag`) are
+written as a masked sum: for every candidate position, `where(index ==
+position, value, 0)`, summed over the positions. It is exact (one term is
+non-zero; `where` keeps an infinite or NaN table entry out of the others),
+but costs as many elements as lookups x candidates, so larger ones
+(`ONE_HOT_LIMIT`) stay on the CPU.
 """
 
 from __future__ import annotations
@@ -53,18 +56,18 @@ def index_select(self: ET, dim: int, index: ET) -> ET:
         or math.prod(self.shape) == 0
     ):
         raise Unsupported("index_select of a zero-dimensional or empty tensor")
-    dim = axis(dim, len(self.shape))
+    rank = len(self.shape)
+    dim = axis(dim, rank)
     n, m = self.shape[dim], math.prod(index.shape)
-    rest = math.prod(self.shape) // n
-    _check_size(m, n, rest)
     idx = index.reshape([m]).cast("i64")
     idx = idx.binary("lt", 0).where_(idx.binary("add", n), idx)
-    x = _move_last(self, dim)  # [..., n]
-    mask = _one_hot(idx, n)  # [m, n]
-    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce(
-        "sum", [-1], False
-    )
-    return _move_back(picked.cast(self.dtype), dim)
+    # The gathered dimension goes first and comes back after.
+    front = [dim] + [a for a in range(rank) if a != dim]
+    x = self if dim == 0 else self.permute(front)
+    picked = x.gather_rows(idx)  # [m, ...the other dimensions]
+    if dim == 0:
+        return picked
+    return picked.permute(list(range(1, dim + 1)) + [0] + list(range(dim + 1, rank)))
 
 
 @lower("index_select.default")
@@ -103,16 +106,14 @@ def embedding_dense_backward(
         raise Unsupported("scale_grad_by_freq")
     t = math.prod(indices.shape)
     d = grad_output.shape[-1]
-    _check_size(t, num_weights, d)
     idx = indices.reshape([t]).cast("i64")
     g = grad_output.reshape([t, d])
-    keep = idx.binary("ne", padding_idx) if padding_idx >= 0 else None
-    mask = _one_hot(idx, num_weights)  # [t, V]
-    if keep is not None:
-        mask = mask.binary("logical_and", keep.reshape([t, 1]))
+    if padding_idx >= 0:
+        # The padding row gets no gradient.
+        keep = idx.binary("ne", padding_idx).reshape([t, 1])
+        g = keep.where_(g, eng().full(0.0, [], g.dtype))
     # grad_weight[v, :] = sum over tokens with index v of g[token, :]
-    contrib = mask.reshape([t, num_weights, 1]).where_(g.reshape([t, 1, d]), eng().full(0.0, [], g.dtype))
-    return contrib.reduce("sum", [0], False)
+    return g.scatter_add_rows(idx, num_weights)
 
 
 @lower("gather.default")
@@ -216,7 +217,6 @@ def embedding_bag_forward_only(
     if t == 0 or v == 0:
         raise Unsupported("embedding_bag of no tokens")
     _check_size(b * t, d)
-    _check_size(t, v, d)
     flat = indices.reshape([t]).cast("i64")
     rows = embedding_rows(weight, flat)  # [T, D]
     valid, valid_sum = member, summed
