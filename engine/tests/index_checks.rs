@@ -240,7 +240,10 @@ fn row_gathers_and_scatters_check_their_indices_in_every_mode() {
             Ok(picked) => picked.to_vec::<f32>().unwrap_err(),
         };
         let b = out_of_bounds(err);
-        assert_eq!((b.op.as_str(), b.message.as_str()), ("index_select", "index out of range in self"));
+        assert_eq!(
+            (b.op.as_str(), b.message.as_str()),
+            ("index_select", "index out of range in self")
+        );
         let ones = ctx.from_vec(vec![1.0f32; 4], &[2, 2]).unwrap();
         let err = match ones.scatter_add_rows(&bad, 3) {
             Err(e) => e,

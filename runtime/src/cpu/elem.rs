@@ -8,6 +8,9 @@ use smallvec::SmallVec;
 use trace_ir::shape::numel;
 
 use crate::host_data::HostData;
+use crate::memory::MemoryTracker;
+use std::cell::RefCell;
+use std::sync::Arc;
 
 /// Element strides of a view.
 pub(crate) type Strides = SmallVec<[usize; 6]>;
@@ -216,7 +219,7 @@ pub(crate) fn map_same<T: Elem>(x: Input<'_, T>, f: impl Fn(T::D) -> T::D + Sync
 }
 
 /// `f` applied to every element of `src` into a new vector.
-pub(crate) fn map_new<T: Copy + Sync, O: Default + Clone + Send>(
+pub(crate) fn map_new<T: Copy + Sync, O: Default + Clone + Send + 'static>(
     src: &[T],
     f: impl Fn(T) -> O + Sync + Send,
 ) -> Vec<O> {
@@ -341,12 +344,70 @@ pub(crate) fn for_chunks<O: Send>(out: &mut [O], body: impl Fn(usize, &mut [O]) 
     }
 }
 
-/// A new vector of `n` elements filled by `body` as in [`for_chunks`].
-pub(crate) fn build<O: Default + Clone + Send>(
+thread_local! {
+    /// The tracker whose cache of freed allocations the kernels running on
+    /// this thread draw their outputs from ([`with_pool`]).
+    static POOL: RefCell<Option<Arc<MemoryTracker>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a program's kernels) with the outputs of [`build`] and
+/// [`with_room`] drawn from `tracker`'s cache of freed allocations: memory
+/// the last run touched, where a fresh allocation of the same size would
+/// fault its pages in again.
+pub(crate) fn with_pool<R>(tracker: &Arc<MemoryTracker>, f: impl FnOnce() -> R) -> R {
+    let outer = POOL.with(|p| p.replace(Some(tracker.clone())));
+    let r = f();
+    POOL.with(|p| *p.borrow_mut() = outer);
+    r
+}
+
+/// A cached allocation of exactly `n` elements of `T`, with stale values.
+fn cached<T: 'static>(n: usize) -> Option<Vec<T>> {
+    use std::any::{Any, TypeId};
+    use trace_ir::DType;
+    let t = TypeId::of::<T>();
+    let dtype = [
+        (TypeId::of::<f32>(), DType::F32),
+        (TypeId::of::<bf16>(), DType::BF16),
+        (TypeId::of::<f16>(), DType::F16),
+        (TypeId::of::<i32>(), DType::I32),
+        (TypeId::of::<i64>(), DType::I64),
+        (TypeId::of::<bool>(), DType::Bool),
+    ]
+    .into_iter()
+    .find_map(|(id, d)| (id == t).then_some(d))?;
+    let data = POOL.with(|p| p.borrow().as_ref().and_then(|tr| tr.reuse(dtype, n)))?;
+    let any: Box<dyn Any> = match data {
+        HostData::F32(v) => Box::new(v),
+        HostData::BF16(v) => Box::new(v),
+        HostData::F16(v) => Box::new(v),
+        HostData::I32(v) => Box::new(v),
+        HostData::I64(v) => Box::new(v),
+        HostData::Bool(v) => Box::new(v),
+    };
+    any.downcast::<Vec<T>>().ok().map(|v| *v)
+}
+
+/// An empty vector with room for `n` elements, from the cache when it has
+/// an allocation of that size (see [`with_pool`]).
+pub(crate) fn with_room<T: 'static>(n: usize) -> Vec<T> {
+    match cached::<T>(n) {
+        Some(mut v) => {
+            v.clear();
+            v
+        }
+        None => Vec::with_capacity(n),
+    }
+}
+
+/// A new vector of `n` elements filled by `body` as in [`for_chunks`]; the
+/// body writes every element (the vector may come from the cache, see
+/// [`with_pool`]).
+pub(crate) fn build<O: Default + Clone + Send + 'static>(
     n: usize,
     body: impl Fn(usize, &mut [O]) + Sync + Send,
 ) -> Vec<O> {
-    let mut out = vec![O::default(); n];
+    let mut out = cached::<O>(n).unwrap_or_else(|| vec![O::default(); n]);
     for_chunks(&mut out, body);
     out
 }

@@ -4,7 +4,9 @@
 use trace_ir::shape::numel;
 use trace_ir::{Error, Result};
 
-use super::elem::{broadcast, build, by_any, by_dtype, row_major, typed, walk, Elem, Strides};
+use super::elem::{
+    broadcast, build, by_any, by_dtype, row_major, typed, walk, with_room, Elem, Strides,
+};
 use crate::host_data::HostData;
 
 /// `out[i] = data[base + sum_d idx_d(i) * strides[d]]` over `out_shape`.
@@ -34,6 +36,16 @@ fn gather_any(
     base: usize,
 ) -> Result<HostData> {
     Ok(by_any!(data.dtype(), T => T::wrap(gather(typed::<T>(data)?, out_shape, strides, base))))
+}
+
+/// A copy of `data` (a reshape of a value someone else still reads).
+pub(crate) fn copy(data: &HostData) -> HostData {
+    by_any!(data.dtype(), T => {
+        let src = T::unwrap_ref(data).unwrap_or_default();
+        let mut out = with_room(src.len());
+        out.extend_from_slice(src);
+        T::wrap(out)
+    })
 }
 
 /// Materializes `data` (of shape `shape`) broadcast to `out_shape`.
@@ -97,7 +109,7 @@ pub(crate) fn concat(inputs: &[(&HostData, &[usize])], axis: usize) -> Result<Ho
             .iter()
             .map(|&(d, s)| Ok((typed::<T>(d)?, s.get(axis).copied().unwrap_or(0) * inner)))
             .collect::<Result<Vec<_>>>()?;
-        let mut out: Vec<T> = Vec::with_capacity(total);
+        let mut out: Vec<T> = with_room(total);
         for o in 0..outer {
             for &(d, block) in &parts {
                 let src = d.get(o * block..(o + 1) * block).ok_or_else(|| super::internal("concat input too short"))?;
@@ -137,7 +149,7 @@ pub(crate) fn gather_rows(
     let pick = |i: i64| i.clamp(0, n as i64 - 1) as usize * row;
     Ok(by_any!(table.dtype(), T => {
         let t = typed::<T>(table)?;
-        let mut out = Vec::with_capacity(idx.len() * row);
+        let mut out = with_room(idx.len() * row);
         for &i in idx.iter() {
             out.extend_from_slice(&t[pick(i)..pick(i) + row]);
         }

@@ -306,7 +306,7 @@ impl CpuExecutable {
                 let ok = same(x.meta());
                 return match take(x, ok)? {
                     Arg::Owned(d, lease) => reused(meta, d, lease),
-                    Arg::Shared(x) => self.fresh(meta, host(&x)?.clone()),
+                    Arg::Shared(x) => self.fresh(meta, layout::copy(host(&x)?)),
                 };
             }
             Op::Permute { perm } => {
@@ -358,6 +358,10 @@ impl CpuExecutable {
     /// [`Executable::run`] on the calling thread (its kernels use the rayon
     /// pool [`pool::install`] picked).
     fn run_here(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+        elem::with_pool(&self.tracker, || self.run_kernels(inputs))
+    }
+
+    fn run_kernels(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
         let p = &self.program;
         if inputs.len() != p.params.len() {
             return Err(internal(format!(

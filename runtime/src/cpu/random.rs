@@ -54,7 +54,10 @@ pub fn normal(seed: u64, i: u64) -> f32 {
     ((-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
 }
 
-fn floats<T: Default + Clone + Send>(n: usize, f: impl Fn(u64) -> T + Sync + Send) -> Vec<T> {
+fn floats<T: Default + Clone + Send + 'static>(
+    n: usize,
+    f: impl Fn(u64) -> T + Sync + Send,
+) -> Vec<T> {
     build(n, |start, out: &mut [T]| {
         for (k, o) in out.iter_mut().enumerate() {
             *o = f((start + k) as u64);
