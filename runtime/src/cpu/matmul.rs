@@ -13,8 +13,11 @@ use trace_ir::{Error, Result};
 use super::elem::{broadcast, map_new, walk, Strides};
 use crate::host_data::HostData;
 
-/// Products with more multiply-adds than this use rayon.
-const PAR_FLOPS: usize = 1 << 20;
+/// Products with more multiply-adds than this use rayon. Below it (about
+/// 150 µs on one core) waking the pool's threads costs more than they save
+/// in a program of many small kernels: a training step of issue 15's small
+/// language model took 10% longer with the bound at 1M.
+const PAR_FLOPS: usize = 1 << 23;
 
 fn as_f32(d: &HostData) -> Result<Cow<'_, [f32]>> {
     Ok(match d {
