@@ -5,8 +5,8 @@
 //! The generator covers what fusion must get right: elementwise chains with
 //! broadcasting, casts through bf16/f16, reductions over every axis with and
 //! without keepdim, matmuls (with transposes), views (permute, slice,
-//! reshape, expand), concat, and the fused forms; every op and dtype of the
-//! IR, with empty and size-1 dimensions. [`well_conditioned`] makes a trace
+//! reshape, expand), concat, row gathers and scatter-adds, and the fused
+//! forms; every op and dtype of the IR, with empty and size-1 dimensions. [`well_conditioned`] makes a trace
 //! comparable across implementations within a fixed tolerance.
 
 use crate::shape::shape;
@@ -174,7 +174,23 @@ fn pick(bytes: &mut Bytes, trace: &mut Trace, a: NodeId, b: NodeId) -> Option<(O
             }
             (Op::Expand { shape: s }, vec![a])
         }
-        12 => match bytes.below(6) {
+        12 => match bytes.below(8) {
+            // Rows in reverse, then added back into one more row than there
+            // were: in-range indices, as the binding's bounds checks ensure.
+            6 | 7 if rank > 0 && ma.shape[0] > 0 => {
+                let n = ma.shape[0];
+                let idx = trace
+                    .push(
+                        Op::Arange { start: (n - 1) as f64, step: -1.0, len: n, dtype: DType::I64 },
+                        &[],
+                    )
+                    .ok()?;
+                if bytes.below(2) == 0 || ma.dtype == DType::Bool {
+                    (Op::GatherRows, vec![a, idx])
+                } else {
+                    (Op::ScatterAddRows { rows: n + 1 }, vec![idx, a])
+                }
+            }
             0 if float(ma) && rank > 0 => (Op::Softmax { axis: axis(bytes) }, vec![a]),
             1 if float(ma) && rank > 0 => (Op::LogSoftmax { axis: axis(bytes) }, vec![a]),
             2 if rank > 0 => {
@@ -268,7 +284,8 @@ fn exact_float(op: &Op) -> bool {
         | Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Slice { .. }
-        | Op::Concat { .. } => true,
+        | Op::Concat { .. }
+        | Op::GatherRows => true,
         _ => false,
     }
 }
