@@ -6,8 +6,9 @@
 //! broadcasting, casts through bf16/f16, reductions over every axis with and
 //! without keepdim, matmuls (with transposes), views (permute, slice,
 //! reshape, expand), concat, row gathers and scatter-adds, and the fused
-//! forms; every op and dtype of the IR, with empty and size-1 dimensions. [`well_conditioned`] makes a trace
-//! comparable across implementations within a fixed tolerance.
+//! forms; every op and dtype of the IR, with empty and size-1 dimensions.
+//! [`well_conditioned`] makes a trace comparable across implementations
+//! within a fixed tolerance.
 
 use crate::shape::shape;
 use crate::{
