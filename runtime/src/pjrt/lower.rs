@@ -425,6 +425,18 @@ impl Emitter {
         self.emit("stablehlo.reshape", &[v], "", shape, v.ty)
     }
 
+    /// The region of a reduce or a scatter, after the op's opening line: two
+    /// scalars of `ty` combined by the binary op `body`.
+    fn combiner(&mut self, body: &str, ty: Ty) {
+        let (a, b) = (self.fresh(), self.fresh());
+        let st = tensor(&[], ty);
+        let _ = writeln!(self.body, "{INDENT}^bb0({a}: {st}, {b}: {st}):");
+        let av = V { name: a, shape: vec![], ty };
+        let bv = V { name: b, shape: vec![], ty };
+        let r = self.emit_at("      ", body, &[&av, &bv], "", &[], ty);
+        let _ = writeln!(self.body, "      \"stablehlo.return\"({}) : ({st}) -> ()", r.name);
+    }
+
     /// `reduce` of `v` over `axes` with the binary op `body` and the initial
     /// value `init` (a literal of `v`'s type). The result drops the axes.
     fn reduce(&mut self, v: &V, axes: &[usize], init: &str, body: &str) -> V {
@@ -443,7 +455,6 @@ impl Emitter {
             .map(|(_, &d)| d)
             .collect();
         let out = V { name: self.fresh(), shape: out_shape, ty: v.ty };
-        let (a, b) = (self.fresh(), self.fresh());
         let st = v.scalar_ty();
         let mut sorted = axes.to_vec();
         sorted.sort_unstable();
@@ -452,11 +463,7 @@ impl Emitter {
             "{INDENT}{} = \"stablehlo.reduce\"({}, {}) ({{",
             out.name, v.name, init_v.name
         );
-        let _ = writeln!(self.body, "{INDENT}^bb0({a}: {st}, {b}: {st}):");
-        let av = V { name: a, shape: vec![], ty: v.ty };
-        let bv = V { name: b, shape: vec![], ty: v.ty };
-        let r = self.emit_at("      ", body, &[&av, &bv], "", &[], v.ty);
-        let _ = writeln!(self.body, "      \"stablehlo.return\"({}) : ({st}) -> ()", r.name);
+        self.combiner(body, v.ty);
         let _ = writeln!(
             self.body,
             "{INDENT}}}) {{dimensions = {}}} : ({}, {st}) -> {}",
@@ -477,18 +484,12 @@ impl Emitter {
     /// range are skipped, as `Op::ScatterAddRows` says).
     fn scatter_add(&mut self, base: &V, idx: &V, updates: &V) -> V {
         let out = V { name: self.fresh(), shape: base.shape.clone(), ty: base.ty };
-        let (a, b) = (self.fresh(), self.fresh());
-        let st = base.scalar_ty();
         let _ = writeln!(
             self.body,
             "{INDENT}{} = \"stablehlo.scatter\"({}, {}, {}) ({{",
             out.name, base.name, idx.name, updates.name
         );
-        let _ = writeln!(self.body, "{INDENT}^bb0({a}: {st}, {b}: {st}):");
-        let av = V { name: a, shape: vec![], ty: base.ty };
-        let bv = V { name: b, shape: vec![], ty: base.ty };
-        let r = self.emit_at("      ", "stablehlo.add", &[&av, &bv], "", &[], base.ty);
-        let _ = writeln!(self.body, "      \"stablehlo.return\"({}) : ({st}) -> ()", r.name);
+        self.combiner("stablehlo.add", base.ty);
         let _ = writeln!(
             self.body,
             "{INDENT}}}) {{scatter_dimension_numbers = #stablehlo.scatter<{}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false}} : ({}, {}, {}) -> {}",
