@@ -73,6 +73,6 @@ pub mod planner;
 pub mod program;
 pub use planner::{plan, PlanConfig, Rounding};
 pub use program::{
-    Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel, Program, Store,
-    View,
+    BudgetExhausted, Cut, CutReason, Frame, Instr, Kernel, KernelKind, LoopKernel, MatMulKernel,
+    Program, Store, View,
 };

@@ -61,6 +61,36 @@ pub struct Program {
     /// Why each trace edge between two kernels was not fused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cuts: Vec<Cut>,
+    /// The passes whose step budget ran out before they were done, so the
+    /// program may be less fused (or less optimized) than it could be.
+    /// Empty, and then absent from the serialized form, almost always: a
+    /// program without it serializes exactly as before the field existed,
+    /// and readers of [`PROGRAM_FORMAT_VERSION`] 2 that predate it ignore
+    /// it, so the version is unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets_exhausted: Vec<BudgetExhausted>,
+}
+
+/// A pass stopped by its step budget rather than by running out of work.
+///
+/// Passes named today: `merge` (the planner's loop merging,
+/// [`crate::planner::PlanConfig::merge_budget`]), and, recorded by the engine
+/// from the rewrite that produced the planned trace, `extract` (the greedy
+/// DAG extraction, `32 × e-nodes + e-classes` steps) and `refine` (its
+/// refinement of the roots' choices). The pass is a string so a dump or
+/// cached program that names a pass this build does not know still reads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BudgetExhausted {
+    /// The pass: `merge`, `extract`, `refine`.
+    pub pass: String,
+    /// The budget it had, in its own steps.
+    pub budget: usize,
+}
+
+impl std::fmt::Display for BudgetExhausted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: budget of {} steps exhausted", self.pass, self.budget)
+    }
 }
 
 /// One kernel: what it reads, what it writes, how.
@@ -428,6 +458,7 @@ impl Program {
             kernels,
             outputs: trace.outputs.clone(),
             cuts: Vec::new(),
+            budgets_exhausted: Vec::new(),
         }
     }
 
