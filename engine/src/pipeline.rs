@@ -403,15 +403,23 @@ impl Pipeline {
         };
         self.counters.rewrite_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
         let start = Instant::now();
+        // The rewrite's exhausted budgets shaped the trace the program runs.
+        let with_budgets = |mut program: Program| {
+            if let Some(r) = &report {
+                program.budgets_exhausted.splice(0..0, r.budgets_exhausted.iter().cloned());
+            }
+            program
+        };
         if self.backend.fuses_itself() {
             // One module per flush; the backend's compiler (XLA) fuses it.
-            let program = Arc::new(Program::unfused(&optimized));
+            let program = Arc::new(with_budgets(Program::unfused(&optimized)));
             return Ok(Prepared { program, rewrite: report, resized_from: None });
         }
         let program = plan(&optimized, &self.plan).or_else(|e| {
             tracing::warn!(error = %e, "planning failed; running the trace op by op");
             Ok::<_, trace_ir::Error>(Program::unfused(&optimized))
         })?;
+        let program = with_budgets(program);
         self.counters.plan_ns.fetch_add(elapsed_ns(start), Ordering::Relaxed);
         if let Some(r) = &report {
             tracing::debug!(rules = ?r.rules_fired, stop = %r.stop_reason, kernels = program.kernels.len(), "prepared");

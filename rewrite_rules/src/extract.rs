@@ -9,12 +9,16 @@
 //!    sum of the node costs of the union of classes `n` reaches (its
 //!    children's reach sets, plus `c`). Classes are revisited from a
 //!    worklist whenever a child's choice changes, until nothing changes or a
-//!    step budget runs out.
+//!    step budget (`32 × e-nodes + e-classes`) runs out.
 //! 2. [`DagExtractor::refine`], for the actual roots: the greedy step sees
 //!    one class at a time, so it may fuse `layer_norm(x)` even though the
 //!    variance it would replace is also an output and is paid anyway. Each
 //!    reachable class then tries its other nodes, keeping a switch only if
 //!    the cost of everything the roots reach goes down (and no cycle forms).
+//!
+//! A budget that runs out is reported by [`DagExtractor::budgets_exhausted`]
+//! (and from there in the rewrite report and the planned program): the
+//! choices are then valid but may be worse than the heuristic could find.
 //!
 //! Exact DAG extraction is NP-hard; this is a heuristic, and the caller
 //! compares the result with the input and with a tree extraction.
@@ -23,6 +27,7 @@ use std::collections::{HashMap, VecDeque};
 
 use egg::{Id, Language};
 
+use crate::program::BudgetExhausted;
 use crate::{TensorGraph, TensorNode};
 
 /// A set of class indices, as bits.
@@ -43,6 +48,8 @@ pub struct DagExtractor<'a> {
     children: Vec<Vec<Vec<usize>>>,
     /// Per class: the index of the chosen node.
     choice: Vec<Option<usize>>,
+    /// The steps that ran out: the greedy pass's, `refine`'s work.
+    exhausted: Vec<BudgetExhausted>,
 }
 
 impl<'a> DagExtractor<'a> {
@@ -58,13 +65,23 @@ impl<'a> DagExtractor<'a> {
             |n: &TensorNode| n.children().iter().map(|&k| index[&egraph.find(k)]).collect();
         let children =
             classes.iter().map(|&c| egraph[c].nodes.iter().map(class_indices).collect()).collect();
-        let mut extractor =
-            DagExtractor { egraph, index, classes, locals, children, choice: Vec::new() };
-        extractor.choice = extractor.greedy();
+        let mut extractor = DagExtractor {
+            egraph,
+            index,
+            classes,
+            locals,
+            children,
+            choice: Vec::new(),
+            exhausted: Vec::new(),
+        };
+        let (choice, stopped) = extractor.greedy();
+        extractor.choice = choice;
+        extractor.exhausted.extend(stopped);
         extractor
     }
 
-    fn greedy(&self) -> Vec<Option<usize>> {
+    /// The greedy choices, and the budget if it ran out with work queued.
+    fn greedy(&self) -> (Vec<Option<usize>>, Option<BudgetExhausted>) {
         struct Best {
             node: usize,
             cost: f64,
@@ -86,10 +103,13 @@ impl<'a> DagExtractor<'a> {
         let mut queue: VecDeque<usize> = (0..n).collect();
         let mut queued = vec![true; n];
         let total_nodes: usize = self.locals.iter().map(Vec::len).sum();
-        let mut budget = 32 * total_nodes + n;
+        let initial = 32 * total_nodes + n;
+        let mut budget = initial;
+        let mut stopped = None;
         while let Some(ci) = queue.pop_front() {
             queued[ci] = false;
             if budget == 0 {
+                stopped = Some(BudgetExhausted { pass: "extract".into(), budget: initial });
                 break;
             }
             budget -= 1;
@@ -131,13 +151,19 @@ impl<'a> DagExtractor<'a> {
                 }
             }
         }
-        best.into_iter().map(|b| b.map(|b| b.node)).collect()
+        (best.into_iter().map(|b| b.map(|b| b.node)).collect(), stopped)
+    }
+
+    /// The budgets that ran out so far (greedy extraction, [`Self::refine`]).
+    pub fn budgets_exhausted(&self) -> &[BudgetExhausted] {
+        &self.exhausted
     }
 
     /// Improves the choices for the roots together: tries every other node
     /// of every class they reach, keeping a switch when the total cost drops.
     /// `work` bounds the classes visited while evaluating, in all.
     pub fn refine(&mut self, roots: &[Id], mut work: usize) {
+        let initial = work;
         let Some(roots) = roots.iter().map(|&r| self.class_index(r)).collect::<Option<Vec<_>>>()
         else {
             return;
@@ -150,6 +176,8 @@ impl<'a> DagExtractor<'a> {
             for c in reached {
                 for ni in 0..self.locals[c].len() {
                     if work == 0 {
+                        self.exhausted
+                            .push(BudgetExhausted { pass: "refine".into(), budget: initial });
                         return;
                     }
                     let old = self.choice[c];

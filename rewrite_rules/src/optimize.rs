@@ -58,6 +58,11 @@ pub struct RewriteReport {
     pub cost_after: f64,
     /// Wall time of the whole optimization, extraction included.
     pub time: Duration,
+    /// Extraction steps whose budget ran out (`extract`, `refine`): the
+    /// trace is valid but may be costlier than a longer search would find.
+    /// The engine copies these into the planned program's
+    /// [`crate::program::Program::budgets_exhausted`].
+    pub budgets_exhausted: Vec<crate::program::BudgetExhausted>,
 }
 
 /// An optimized trace and the report of how it was found.
@@ -213,6 +218,7 @@ fn optimize_valid(trace: &Trace, config: &RewriteConfig) -> Result<Optimized> {
             cost_before: cost_before.unwrap_or(f64::NAN),
             cost_after: cost_after.unwrap_or(f64::NAN),
             time: start.elapsed(),
+            budgets_exhausted: dag.budgets_exhausted().to_vec(),
         },
     })
 }

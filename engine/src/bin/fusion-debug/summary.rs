@@ -76,6 +76,18 @@ pub fn render(dumps: &[(PathBuf, FlushDump)]) -> String {
         tier1(TierOutcome::Resized),
         human_ns(total)
     );
+    // A budget that ran out leaves a program less fused than it could be:
+    // one line per flush it happened in (none when it never did).
+    for (path, d) in dumps {
+        if !d.program.budgets_exhausted.is_empty() {
+            let stops: Vec<String> =
+                d.program.budgets_exhausted.iter().map(|b| b.to_string()).collect();
+            let name = path
+                .file_name()
+                .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+            let _ = writeln!(s, "{name}: {}", stops.join("; "));
+        }
+    }
     sinks.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     s.push_str("\ntop time sinks:\n");
     for (ns, what) in sinks.iter().take(5).filter(|(ns, _)| *ns > 0) {
