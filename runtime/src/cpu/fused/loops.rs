@@ -16,6 +16,7 @@ use trace_ir::shape::numel;
 use trace_ir::{DType, Meta, Result, Shape};
 
 use super::io::{alloc_output, Access, Data, Donated, Dst};
+use super::norm::NormForm;
 use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
 use crate::buffer::Buffer;
 use crate::cpu::elem::{row_major, Strides};
@@ -80,6 +81,9 @@ pub(crate) struct LoopExec {
     /// No per-element register depends on a reduction: long rows can be
     /// walked in chunks.
     pub chunked: bool,
+    /// The kernel is a LayerNorm, which runs row by row when its operands
+    /// allow (see [`super::norm`]).
+    pub(crate) norm: Option<NormForm>,
 }
 
 /// What one run shares with every tile.
@@ -93,6 +97,8 @@ pub(crate) struct RunState<'a> {
     /// Per register: where its element values live during a tile.
     pub homes: Vec<Home<'a>>,
     pub outputs: Vec<Dst>,
+    /// This run's LayerNorm form, when it runs row by row.
+    pub norm: Option<NormForm>,
 }
 
 /// The operand whose memory an output takes (see `LoopExec::donors`).
@@ -547,7 +553,9 @@ impl LoopExec {
         let stored: Vec<Reg> = stores.iter().map(|st| st.reg).collect();
         let Schedule { slot, n_elem, n_row, scalar_order, tile_order, after_reduce, chunked } =
             schedule(&kernel.instrs, &level, &stored, kernel.row_dims)?;
+        let norm = NormForm::recognize(kernel, &level, &stores);
         Ok(LoopExec {
+            norm,
             after_reduce,
             chunked,
             kernel: kernel.clone(),
@@ -912,7 +920,8 @@ impl LoopExec {
             _ => cols,
         };
         let homes = self.homes(&loads, &dsts, (&shape, step), &donated);
-        let rs = RunState { shape, outer, cols, scalars, loads, homes, outputs: dsts };
+        let mut rs =
+            RunState { shape, outer, cols, scalars, loads, homes, outputs: dsts, norm: None };
         // Tiles.
         let (ntiles, per) = if k == 0 {
             (total.div_ceil(TILE), TILE)
@@ -940,6 +949,7 @@ impl LoopExec {
         } else {
             (per * cols, per)
         };
+        rs.norm = self.norm.filter(|f| !chunked && f.fits(&rs, elem_cap));
         let has_where = self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. }));
         let repeated: Vec<(usize, usize)> = (0..rs.homes.len())
             .filter_map(|reg| match rs.homes[reg] {

@@ -9,6 +9,7 @@ pub(crate) mod gemm;
 pub(crate) mod io;
 pub(crate) mod loops;
 pub mod math;
+pub(crate) mod norm;
 pub(crate) mod tile;
 
 pub(crate) use gemm::MatMulExec;

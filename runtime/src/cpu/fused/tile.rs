@@ -496,6 +496,10 @@ fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratc
     if exec.chunked && rs.cols > t.len {
         return chunked_body::<FMA>(exec, rs, s, t);
     }
+    if let Some(norm) = &rs.norm {
+        norm.tile(&exec.slot, rs, s, t);
+        return store(exec, rs, s, t, |l| l == Level::Row);
+    }
     for &reg in &exec.tile_order {
         exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols);
     }
