@@ -197,15 +197,26 @@ pub fn run_reference(
     trace: &trace_ir::Trace,
     inputs: &[HostData],
 ) -> trace_ir::Result<Vec<HostData>> {
-    use runtime::{Backend, CpuBackend, MemoryTracker};
+    use runtime::{CpuBackend, MemoryTracker};
     let backend = CpuBackend::new(MemoryTracker::new());
-    let params = trace.parameters();
-    let buffers = params
+    run_program(&rewrite_rules::program::Program::unfused(trace), trace, inputs, &backend)
+}
+
+/// Runs `program`, planned from `trace`, on `backend` with `inputs` as the
+/// trace's parameters, and downloads its outputs.
+pub fn run_program(
+    program: &rewrite_rules::program::Program,
+    trace: &trace_ir::Trace,
+    inputs: &[HostData],
+    backend: &dyn runtime::Backend,
+) -> trace_ir::Result<Vec<HostData>> {
+    let buffers = trace
+        .parameters()
         .iter()
         .zip(inputs)
         .map(|(&p, data)| backend.upload(trace.meta(p).clone(), data.clone()))
         .collect::<trace_ir::Result<Vec<_>>>()?;
-    let exe = backend.compile(&rewrite_rules::program::Program::unfused(trace))?;
+    let exe = backend.compile(program)?;
     exe.run(buffers)?.iter().map(|b| backend.download(b)).collect()
 }
 
@@ -239,14 +250,7 @@ pub fn run_fused_on(
         };
         rewrite_rules::planner::plan(&optimized, &plan_config)?
     };
-    let buffers = trace
-        .parameters()
-        .iter()
-        .zip(inputs)
-        .map(|(&p, data)| backend.upload(trace.meta(p).clone(), data.clone()))
-        .collect::<trace_ir::Result<Vec<_>>>()?;
-    let exe = backend.compile(&program)?;
-    exe.run(buffers)?.iter().map(|b| backend.download(b)).collect()
+    run_program(&program, trace, inputs, backend)
 }
 
 /// The differential check the fuzz target and the property tests share: a

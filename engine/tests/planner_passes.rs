@@ -11,13 +11,13 @@
 //! difference. Fused kernels round per op, as in the differential tests, so
 //! what is compared is the fusion decisions, not the rounding mode.
 
-use deferfuse::differential::{check_conditioned, checked_trace, random_inputs, run_reference};
+use deferfuse::differential::{
+    check_conditioned, checked_trace, random_inputs, run_program, run_reference,
+};
 use deferfuse::{Config, FusedRounding};
 use proptest::prelude::*;
 use rewrite_rules::planner::{plan, PlanConfig, Rounding};
-use rewrite_rules::program::Program;
-use runtime::{Backend, CpuBackend, HostData, MemoryTracker};
-use trace_ir::Trace;
+use runtime::{CpuBackend, MemoryTracker};
 
 /// The default plan, and each switch off alone.
 fn configs() -> Vec<(&'static str, PlanConfig)> {
@@ -35,18 +35,6 @@ fn configs() -> Vec<(&'static str, PlanConfig)> {
     ]
 }
 
-fn run(program: &Program, trace: &Trace, inputs: &[HostData]) -> trace_ir::Result<Vec<HostData>> {
-    let backend = CpuBackend::new(MemoryTracker::new());
-    let buffers = trace
-        .parameters()
-        .iter()
-        .zip(inputs)
-        .map(|(&p, data)| backend.upload(trace.meta(p).clone(), data.clone()))
-        .collect::<trace_ir::Result<Vec<_>>>()?;
-    let exe = backend.compile(program)?;
-    exe.run(buffers)?.iter().map(|b| backend.download(b)).collect()
-}
-
 /// Checks every config on the trace `bytes` generates; the fingerprints of
 /// the programs, in [`configs`] order.
 fn check(bytes: &[u8]) -> Result<Vec<u64>, String> {
@@ -59,11 +47,12 @@ fn check(bytes: &[u8]) -> Result<Vec<u64>, String> {
         .map_err(|e| format!("optimize: {e}"))?
         .trace;
     let expected = run_reference(&trace, &inputs);
+    let backend = CpuBackend::new(MemoryTracker::new());
     let mut fingerprints = Vec::new();
     for (name, config) in configs() {
         let program = plan(&optimized, &config).map_err(|e| format!("{name}: plan: {e}"))?;
         fingerprints.push(program.fingerprint());
-        match (run(&program, &optimized, &inputs), &expected) {
+        match (run_program(&program, &optimized, &inputs, &backend), &expected) {
             (Ok(actual), Ok(expected)) => {
                 check_conditioned(&trace, &inputs, &actual, expected, seed)
                     .map_err(|e| format!("{name}: {e}\n{}", trace.to_json()))?;
