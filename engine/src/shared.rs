@@ -3,6 +3,7 @@
 //! or the DeferAndFuse pending trace. It records ops on [`Value`]s, flushes
 //! and materializes them; it knows nothing of the `Tensor` handles.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,8 +19,13 @@ use crate::op_group;
 use crate::pending::PendingTrace;
 use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared, TierLimits};
 use crate::repeats::op_hash;
-use crate::stream::{Job, Stream};
-use crate::value::{resolve_all, Cell, Value};
+use crate::stream::{computed, Job, Stream};
+use crate::value::{resolve_all, Cell, Value, FLUSH};
+
+/// How many DeferAndFuse flushes may wait on the stream at once. The
+/// recording thread runs ahead of the programs by at most this many, which
+/// bounds the memory held by programs not run yet.
+const MAX_IN_FLIGHT: usize = 2;
 
 pub(crate) struct Shared {
     pub config: Config,
@@ -27,10 +33,14 @@ pub(crate) struct Shared {
     pipeline: Arc<Pipeline>,
     /// What the last DeferAndFuse flush ran, for inspection.
     last_flush: Mutex<Option<FlushReport>>,
-    /// The Strict stream; absent in the other modes.
+    /// The stream: Strict's ops and DeferAndFuse's flushes that nobody
+    /// waits for; absent in Debug.
     pub(crate) stream: Option<Stream>,
     /// The DeferAndFuse pending trace. Its lock also serializes flushes.
-    pending: Mutex<PendingTrace<Arc<Buffer>>>,
+    pending: Mutex<PendingTrace<Arc<Value>>>,
+    /// An output of each DeferAndFuse flush issued to the stream and
+    /// perhaps not run yet, oldest first (see [`MAX_IN_FLIGHT`]).
+    in_flight: Mutex<VecDeque<Arc<Value>>>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
     /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
@@ -82,9 +92,6 @@ impl FlushReport {
     }
 }
 
-/// What computed a DeferAndFuse value, in the errors of values that need it.
-const FLUSH: &str = "a DeferAndFuse flush";
-
 impl Shared {
     /// The engine state of a new context in `config.mode` on `backend`.
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Result<Shared> {
@@ -97,8 +104,10 @@ impl Shared {
         let pipeline =
             Arc::new(Pipeline::new(backend.clone(), rewrite.clone(), plan, disk, limits));
         let stream = match config.mode {
-            Mode::Strict => Some(Stream::start(backend.clone(), pipeline.clone(), how(&config))?),
-            _ => None,
+            Mode::Strict | Mode::DeferAndFuse => {
+                Some(Stream::start(backend.clone(), pipeline.clone(), how(&config))?)
+            }
+            Mode::Debug => None,
         };
         let dumps = config.fusion_dump.as_ref().map(|dir| Dumps::new(dir, &rewrite));
         if dumps.is_some() {
@@ -113,6 +122,7 @@ impl Shared {
             last_flush: Mutex::new(None),
             stream,
             pending: Mutex::new(PendingTrace::new(0, watch_repeats)),
+            in_flight: Mutex::new(VecDeque::new()),
             ops_recorded: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             dumps,
@@ -143,7 +153,9 @@ impl Shared {
     pub fn sync(&self) -> Result<()> {
         match self.config.mode {
             Mode::DeferAndFuse => {
-                self.flush(&mut self.pending.lock().unwrap(), FlushReason::Sync)?
+                self.flush(&mut self.pending.lock().unwrap(), FlushReason::Sync)?;
+                self.stream.as_ref().map_or(Ok(()), |s| s.synchronize())?;
+                self.in_flight.lock().unwrap().clear();
             }
             Mode::Strict => self.stream.as_ref().map_or(Ok(()), |s| s.synchronize())?,
             Mode::Debug => {}
@@ -272,32 +284,52 @@ impl Shared {
     }
 
     /// Runs the pending trace and binds its outputs to the tensors still held.
-    pub fn flush(
-        &self,
-        pending: &mut PendingTrace<Arc<Buffer>>,
-        reason: FlushReason,
-    ) -> Result<()> {
+    /// The program is prepared here (so preparation errors reach the op that
+    /// caused the flush); it runs here when someone waits for it (a read, a
+    /// sync, fusion dumps timing it), and on the stream otherwise, while the
+    /// caller records on. Either way it runs after every program issued
+    /// before it that computes its inputs.
+    pub fn flush(&self, pending: &mut PendingTrace<Arc<Value>>, reason: FlushReason) -> Result<()> {
         let Some(plan) = pending.take() else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), ?reason, "flush");
-        let how = how(&self.config);
         let nodes = plan.trace.len();
         let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats(), reason));
-        let result = self.pipeline.executable(&plan.trace, how).and_then(|(exe, prepared)| {
-            *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, reason, &prepared));
-            match probe {
-                None => exe.run(plan.inputs),
-                Some(probe) => self.run_dumped(
-                    probe,
-                    &*exe,
-                    plan.inputs,
-                    &plan.trace,
-                    &plan.call_sites,
-                    &prepared,
-                ),
+        let (exe, prepared) = match self.pipeline.executable(&plan.trace, how(&self.config)) {
+            Ok(ready) => ready,
+            Err(e) => return resolve_all(&plan.holders, Err(e), FLUSH),
+        };
+        *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, reason, &prepared));
+        let waited_for = matches!(reason, FlushReason::Read | FlushReason::Sync);
+        if let (Some(stream), None, false) = (&self.stream, &probe, waited_for) {
+            for value in &plan.holders {
+                *value.cell.lock().unwrap() = Cell::Queued;
+            }
+            self.wait_for_room();
+            self.in_flight.lock().unwrap().push_back(plan.holders[0].clone());
+            return stream.submit(Job::Execute { exe, inputs: plan.inputs, outputs: plan.holders });
+        }
+        let result = computed(plan.inputs).and_then(|inputs| match probe {
+            None => exe.run(inputs),
+            Some(probe) => {
+                self.run_dumped(probe, &*exe, inputs, &plan.trace, &plan.call_sites, &prepared)
             }
         });
         resolve_all(&plan.holders, result, FLUSH)
+    }
+
+    /// Waits until fewer than [`MAX_IN_FLIGHT`] flushes are on the stream.
+    fn wait_for_room(&self) {
+        let mut in_flight = self.in_flight.lock().unwrap();
+        while let Some(oldest) = in_flight.front() {
+            let queued = matches!(*oldest.cell.lock().unwrap(), Cell::Queued);
+            if queued && in_flight.len() < MAX_IN_FLIGHT {
+                break;
+            }
+            // Its error, if any, stays with its values, raised where they are read.
+            let _ = oldest.wait_buffer();
+            in_flight.pop_front();
+        }
     }
 
     /// Runs a flush's program measuring its time and peak bytes, and writes

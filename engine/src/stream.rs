@@ -1,14 +1,17 @@
-//! The Strict-mode stream: a worker thread that runs ops in the order they
-//! were issued while the caller goes on. The caller waits only when it reads.
+//! A context's stream: a worker thread that runs work in the order it was
+//! issued while the caller goes on. The caller waits only when it reads.
+//! Strict issues its ops and op groups here; DeferAndFuse issues the
+//! programs of the flushes nobody waits for (a repeat or the pending cap
+//! cut the trace), so recording the next ops overlaps running them.
 
 use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::Arc;
 
-use runtime::Backend;
+use runtime::{Backend, Buffer, Executable};
 use trace_ir::{Error, Result};
 
 use crate::pipeline::{Pipeline, Preparation};
-use crate::value::{forked_error, resolve_all, Value};
+use crate::value::{forked_error, resolve_all, Value, FLUSH};
 use trace_ir::{Op, Trace};
 
 pub(crate) enum Job {
@@ -23,6 +26,13 @@ pub(crate) enum Job {
     Program {
         name: String,
         trace: Trace,
+        inputs: Vec<Arc<Value>>,
+        outputs: Vec<Arc<Value>>,
+    },
+    /// A DeferAndFuse flush's program, compiled by the caller: reads
+    /// `inputs` once they are computed, fills `outputs`.
+    Execute {
+        exe: Arc<dyn Executable>,
         inputs: Vec<Arc<Value>>,
         outputs: Vec<Arc<Value>>,
     },
@@ -62,6 +72,10 @@ impl Stream {
                             drop(inputs);
                             // Its error reaches whoever reads the outputs.
                             let _ = resolve_all(&outputs, result, &format!("the {name} op"));
+                        }
+                        Job::Execute { exe, inputs, outputs } => {
+                            let result = computed(inputs).and_then(|b| exe.run(b));
+                            let _ = resolve_all(&outputs, result, FLUSH);
                         }
                         Job::Barrier(done) => {
                             let _ = done.send(());
@@ -120,4 +134,11 @@ fn run_program(
     let buffers = inputs.iter().map(|t| t.wait_input()).collect::<Result<Vec<_>>>()?;
     let (exe, _) = pipeline.executable(trace, how)?;
     exe.run(buffers)
+}
+
+/// The buffers of `inputs`, waiting for those still queued. Each value is
+/// let go once read, so a buffer that nothing else holds reaches the
+/// program as its only owner, which may then reuse its memory.
+pub(crate) fn computed(inputs: Vec<Arc<Value>>) -> Result<Vec<Arc<Buffer>>> {
+    inputs.into_iter().map(|v| v.wait_input()).collect()
 }

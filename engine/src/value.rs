@@ -90,6 +90,9 @@ impl Value {
     }
 }
 
+/// What computed a DeferAndFuse value, in the errors of values that need it.
+pub(crate) const FLUSH: &str = "a DeferAndFuse flush";
+
 /// Binds the buffers a program computed to the values that wait for them,
 /// in order, or its error to all of them; `op` names what computed them.
 pub(crate) fn resolve_all(
