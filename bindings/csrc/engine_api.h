@@ -40,7 +40,8 @@ struct Arg {
 constexpr size_t kMaxRank = 12;
 
 struct Out {
-  const Cell* cell;  // a fresh value, owned by the caller; or null and `input` >= 0
+  const Cell* cell;  // a fresh value, owned by the caller; or null, and then `input`
+                     // (>= 0) or an undefined tensor (-1)
   int32_t input;
   int8_t dtype;
   uint32_t rank;

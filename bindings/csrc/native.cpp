@@ -180,7 +180,7 @@ bool value_arg(const c10::IValue& v, Arg& a, Marshal& m) {
 
 at::Tensor result(const Out& out, c10::ArrayRef<c10::IValue> inputs) {
   if (out.cell == nullptr) {
-    return inputs.at(out.input).toTensor();
+    return out.input < 0 ? at::Tensor() : inputs.at(out.input).toTensor();
   }
   at::Tensor t = at::detail::empty_generic(c10::IntArrayRef(out.sizes, out.rank),
                                            c10::GetAllocator(c10::DeviceType::PrivateUse1), kKeys,

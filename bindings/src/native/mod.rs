@@ -126,6 +126,8 @@ pub struct Done<'a> {
 pub enum Ret {
     Fresh(Tensor),
     Input(usize),
+    /// An undefined tensor (a gradient the output mask did not ask for).
+    Undefined,
 }
 
 /// `Ok(None)`: not handled natively.
@@ -161,8 +163,9 @@ unsafe fn slice<'a, T>(ptr: *const T, len: u32) -> &'a [T] {
 }
 
 /// A tensor argument: its root's value when the tensor is all of the root,
-/// or a permutation of it (`t()`, `transpose`, `permute` of a contiguous
-/// tensor), in the current context and the root's dtype.
+/// else the view's elements read out of the root (a permutation, a run, a
+/// strided box: what `_views.read` reads without padding the root), in the
+/// current context and the root's dtype.
 unsafe fn operand<'a>(arg: &'a Arg, ctx: &Context) -> Option<Operand<'a>> {
     let cell = arg.cell.as_ref()?;
     let dtype = from_scalar_type(arg.dtype)?;
@@ -170,18 +173,99 @@ unsafe fn operand<'a>(arg: &'a Arg, ctx: &Context) -> Option<Operand<'a>> {
     let strides = slice(arg.strides, arg.len);
     let state = cell.lock();
     let value = engine_value(&state, ctx)?;
-    if value.dtype() != dtype || arg.int != 0 {
+    if value.dtype() != dtype {
         return None;
     }
-    if abi::same_sizes(value.shape(), sizes) && contiguous(sizes, strides) {
+    let offset = arg.int;
+    if offset == 0 && abi::same_sizes(value.shape(), sizes) && contiguous(sizes, strides) {
         return Some(Operand { value: value.clone(), whole: Some(cell) });
     }
     let numel: i64 = sizes.iter().product();
-    if numel == 0 || numel != value.shape().iter().product::<usize>() as i64 {
+    let root_numel = value.shape().iter().product::<usize>() as i64;
+    let permutation = offset == 0 && numel == root_numel;
+    let value = match permutation.then(|| permuted(value, sizes, strides)).flatten() {
+        Some(v) => v,
+        None => view(value, sizes, strides, offset)?,
+    };
+    Some(Operand { value, whole: None })
+}
+
+/// The view (`sizes`, `strides`, `offset`) of `root`'s row-major elements,
+/// as the engine ops `_views.read` makes: a reshape, a slice of the flat
+/// root, or the root reshaped into a grid whose dimensions have the view's
+/// strides, sliced to the view's box, permuted into its order and expanded
+/// along its broadcast (stride 0) dimensions. `None` where `_views.read`
+/// pads the root or goes through the CPU, or for an empty view.
+fn view(root: &Tensor, sizes: &[i64], strides: &[i64], offset: i64) -> Option<Tensor> {
+    let shape = |v: &[i64]| v.iter().map(|&n| n as usize).collect::<Vec<_>>();
+    let numel = root.shape().iter().product::<usize>() as i64;
+    let count: i64 = sizes.iter().product();
+    if count == 0 || offset < 0 {
         return None;
     }
-    let value = permuted(value, sizes, strides)?;
-    Some(Operand { value, whole: None })
+    let flat = || root.reshape(&[numel as usize]);
+    // One row-major run of the root's elements (at any offset).
+    if contiguous(sizes, strides) && offset + count <= numel {
+        if offset == 0 && count == numel {
+            return root.reshape(&shape(sizes)).ok();
+        }
+        return flat()
+            .and_then(|f| f.slice(0, offset, offset + count, 1))
+            .and_then(|f| f.reshape(&shape(sizes)))
+            .ok();
+    }
+    // Dimensions that step through the root, by decreasing stride.
+    let real: Vec<usize> = (0..sizes.len()).filter(|&d| sizes[d] > 1 && strides[d] != 0).collect();
+    let mut order = real.clone();
+    order.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
+    let ss: Vec<i64> = order.iter().map(|&d| strides[d]).collect();
+    if ss.is_empty() || ss.iter().any(|&s| s < 0) || ss.windows(2).any(|w| w[0] == w[1]) {
+        return None;
+    }
+    let end = offset + real.iter().map(|&d| (sizes[d] - 1) * strides[d]).sum::<i64>() + 1;
+    let outer = ss[0];
+    let padded = (numel.max(end) + outer - 1) / outer * outer;
+    if padded > numel {
+        return None;
+    }
+    let mut grid = vec![padded / outer];
+    for w in ss.windows(2) {
+        if w[0] % w[1] != 0 {
+            return None;
+        }
+        grid.push(w[0] / w[1]);
+    }
+    grid.push(ss[ss.len() - 1]);
+    let mut starts = Vec::with_capacity(grid.len());
+    let mut rest = offset;
+    for &s in &ss {
+        starts.push(rest / s);
+        rest %= s;
+    }
+    starts.push(rest);
+    let lengths: Vec<i64> = order.iter().map(|&d| sizes[d]).chain([1]).collect();
+    if starts.iter().zip(&lengths).zip(&grid).any(|((a, n), g)| a + n > *g) {
+        return None;
+    }
+    let mut v = flat().ok()?.reshape(&shape(&grid)).ok()?;
+    for (axis, ((&a, &n), &g)) in starts.iter().zip(&lengths).zip(&grid).enumerate() {
+        if a != 0 || n != g {
+            v = v.slice(axis as i64, a, a + n, 1).ok()?;
+        }
+    }
+    v = v.reshape(&shape(&lengths[..order.len()])).ok()?;
+    let perm: Vec<usize> =
+        real.iter().map(|d| order.iter().position(|o| o == d).unwrap()).collect();
+    if perm.windows(2).any(|w| w[0] > w[1]) {
+        v = v.permute(&perm).ok()?;
+    }
+    let real_shape: Vec<usize> =
+        (0..sizes.len()).map(|d| if real.contains(&d) { sizes[d] as usize } else { 1 }).collect();
+    v = v.reshape(&real_shape).ok()?;
+    if sizes.iter().zip(strides).any(|(&n, &s)| n > 1 && s == 0) {
+        v = v.expand(&shape(sizes)).ok()?;
+    }
+    Some(v)
 }
 
 fn contiguous(sizes: &[i64], strides: &[i64]) -> bool {
@@ -280,7 +364,7 @@ pub unsafe extern "C" fn call(
 fn fits(ret: &Ret) -> bool {
     match ret {
         Ret::Fresh(t) => t.shape().len() <= abi::MAX_RANK,
-        Ret::Input(_) => true,
+        Ret::Input(_) | Ret::Undefined => true,
     }
 }
 
@@ -293,6 +377,9 @@ fn out_record(ret: Ret) -> Out {
             rank: 0,
             sizes: [0; abi::MAX_RANK],
         },
+        Ret::Undefined => {
+            Out { cell: std::ptr::null(), input: -1, dtype: 0, rank: 0, sizes: [0; abi::MAX_RANK] }
+        }
         Ret::Fresh(t) => {
             let mut sizes = [0i64; abi::MAX_RANK];
             for (s, &n) in sizes.iter_mut().zip(t.shape()) {

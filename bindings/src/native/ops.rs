@@ -4,7 +4,7 @@
 //! below derive in-place (`foo_`) and `_foreach_foo` ops from them, as the
 //! Python side derives them (`_dispatch.inplace_kernel`, `foreach_kernel`).
 
-use deferfuse::{Context, DType, Result, Scalar, ScalarOrTensor, Tensor};
+use deferfuse::{Context, DType, GeluApproximation, Result, Scalar, ScalarOrTensor, Tensor};
 use smallvec::smallvec;
 
 use super::{Done, Operand, Outcome, Ret, A};
@@ -290,6 +290,143 @@ fn log_softmax_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     grad.sub(out.exp()?.mul(total)?)?.to_dtype(dtype).map(Some)
 }
 
+// ---- activation gradients, as `lowerings/elementwise.py` composes them ----------------
+
+fn threshold_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(grad), Some(x), Some(threshold)) = (tensor(a, 0), tensor(a, 1), arg(a, 2).operand())
+    else {
+        return Ok(None);
+    };
+    x.gt(threshold)?.where_cond(grad, 0i64).map(Some)
+}
+
+/// `grad * d`, for the backward ops of `(grad_output, x)` whose derivative
+/// `d` is a function of `x` alone.
+fn chain(a: &[A<'_>], d: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Option<Tensor>> {
+    match (tensor(a, 0), tensor(a, 1)) {
+        (Some(grad), Some(x)) => grad.mul(d(x)?).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn sigmoid_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    chain(a, |y| y.mul(y.neg()?.add(1.0)?))
+}
+
+fn tanh_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    chain(a, |y| y.mul(y)?.neg()?.add(1.0))
+}
+
+fn silu_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    chain(a, |x| {
+        let s = x.sigmoid()?;
+        s.mul(x.mul(s.neg()?.add(1.0)?)?.add(1.0)?)
+    })
+}
+
+fn gelu_backward(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match arg(a, 2) {
+        A::Str("tanh") => chain(a, |x| {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            let inner = x.add(x.mul(x)?.mul(x)?.mul(0.044715)?)?.mul(k)?;
+            let t = inner.tanh()?;
+            let dinner = x.mul(x)?.mul(3.0 * 0.044715)?.add(1.0)?.mul(k)?;
+            let slope = x.mul(0.5)?.mul(t.mul(&t)?.neg()?.add(1.0)?)?.mul(dinner)?;
+            t.add(1.0)?.mul(0.5)?.add(slope)
+        }),
+        // d/dx x*Phi(x) = Phi(x) + x*phi(x); Phi(x) = gelu(x)/x away from 0, 1/2 at 0.
+        A::Str("none") | A::None => chain(a, |x| {
+            let pdf = x.mul(x)?.mul(-0.5)?.exp()?.mul(1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
+            let safe = x.eq(0i64)?.where_cond(1.0, x)?;
+            let cdf = x.eq(0i64)?.where_cond(0.5, x.gelu(GeluApproximation::None)?.div(safe)?)?;
+            cdf.add(x.mul(pdf)?)
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// Engine values are immutable (a write replaces a root's value), so a clone
+/// shares its input's value, read out of its view when it is one; the new
+/// tensor is contiguous, as the Python lowering's is.
+fn clone(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    Ok(tensor(a, 0).cloned())
+}
+
+/// The normalized axes of a LayerNorm: the trailing ones, which must have
+/// the sizes of `normalized_shape`.
+fn norm_axes(x: &Tensor, normalized: &A<'_>) -> Option<Vec<i64>> {
+    let A::Ints(sizes) = normalized else { return None };
+    let (n, rank) = (sizes.len(), x.shape().len());
+    let trailing = x.shape().get(rank.checked_sub(n)?..)?;
+    let matches = trailing.iter().zip(sizes.iter()).all(|(&a, &b)| a as i64 == b);
+    (n > 0 && matches).then(|| (rank - n..rank).map(|d| d as i64).collect())
+}
+
+fn native_layer_norm<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    let (Some(input), A::Float(eps)) = (tensor(a, 0), arg(a, 4)) else { return Ok(None) };
+    if !is_float(input) || input.shape().iter().product::<usize>() == 0 {
+        return Ok(None);
+    }
+    let Some(axes) = norm_axes(input, arg(a, 1)) else { return Ok(None) };
+    let x = input.to_dtype(DType::F32)?;
+    let mean = x.mean(&axes, true)?;
+    let centered = x.sub(&mean)?;
+    let variance = centered.mul(&centered)?.mean(&axes, true)?;
+    let rstd = variance.add(ScalarOrTensor::Scalar(Scalar::Float(*eps)))?.rsqrt()?;
+    let mut y = centered.mul(&rstd)?;
+    if let Some(weight) = tensor(a, 2) {
+        y = y.mul(weight.to_dtype(DType::F32)?)?;
+    }
+    if let Some(bias) = tensor(a, 3) {
+        y = y.add(bias.to_dtype(DType::F32)?)?;
+    }
+    let dtype = input.dtype();
+    let outs = [y, mean, rstd].map(|t| t.to_dtype(dtype).map(Ret::Fresh));
+    let [y, mean, rstd] = outs;
+    Ok(Some(Done { outs: smallvec![y?, mean?, rstd?], writes: smallvec![] }))
+}
+
+fn native_layer_norm_backward<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    let (Some(grad), Some(input), Some(mean), Some(rstd)) =
+        (tensor(a, 0), tensor(a, 1), tensor(a, 3), tensor(a, 4))
+    else {
+        return Ok(None);
+    };
+    let (weight, bias) = (tensor(a, 5), tensor(a, 6));
+    let (Some(axes), A::Ints(&[want_dx, want_dw, want_db])) =
+        (norm_axes(input, arg(a, 2)), arg(a, 7))
+    else {
+        return Ok(None);
+    };
+    let batch: Vec<i64> = (0..axes[0]).collect();
+    let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+    let (x, g, rstd) = (f32(input)?, f32(grad)?, f32(rstd)?);
+    let xhat = x.sub(f32(mean)?)?.mul(&rstd)?;
+    let gw = match weight {
+        Some(w) => g.mul(f32(w)?)?,
+        None => g.clone(),
+    };
+    let dx = if want_dx != 0 {
+        let mean_g = gw.mean(&axes, true)?;
+        let mean_gx = gw.mul(&xhat)?.mean(&axes, true)?;
+        let dx = gw.sub(mean_g)?.sub(xhat.mul(mean_gx)?)?.mul(&rstd)?;
+        Ret::Fresh(dx.to_dtype(input.dtype())?)
+    } else {
+        Ret::Undefined
+    };
+    let dw = match weight {
+        Some(w) if want_dw != 0 => {
+            Ret::Fresh(g.mul(&xhat)?.sum(&batch, false)?.to_dtype(w.dtype())?)
+        }
+        _ => Ret::Undefined,
+    };
+    let db = match bias {
+        Some(b) if want_db != 0 => Ret::Fresh(g.sum(&batch, false)?.to_dtype(b.dtype())?),
+        _ => Ret::Undefined,
+    };
+    Ok(Some(Done { outs: smallvec![dx, dw, db], writes: smallvec![] }))
+}
+
 // ---- forms -------------------------------------------------------------------------
 
 fn functional<'a>(f: Kernel, ctx: &Context, a: &[A<'a>]) -> Outcome<'a> {
@@ -435,6 +572,14 @@ table! {
     "_softmax_backward_data.default" => functional(softmax_backward),
     "_log_softmax_backward_data.default" => functional(log_softmax_backward),
     "_copy_from.default" => direct(copy_from),
+    "native_layer_norm.default" => direct(native_layer_norm),
+    "native_layer_norm_backward.default" => direct(native_layer_norm_backward),
+    "clone.default" => functional(clone),
+    "threshold_backward.default" => functional(threshold_backward),
+    "sigmoid_backward.default" => functional(sigmoid_backward),
+    "tanh_backward.default" => functional(tanh_backward),
+    "silu_backward.default" => functional(silu_backward),
+    "gelu_backward.default" => functional(gelu_backward),
     "_foreach_add.Scalar" => foreach(add), "_foreach_add_.Scalar" => foreach_inplace(add),
     "_foreach_add.List" => foreach(add), "_foreach_add_.List" => foreach_inplace(add),
     "_foreach_add.ScalarList" => foreach(add), "_foreach_add_.ScalarList" => foreach_inplace(add),
