@@ -51,7 +51,7 @@ struct Out {
 constexpr int32_t kDone = 0;
 constexpr int32_t kNotHandled = 1;
 constexpr int32_t kFailed = 2;
-constexpr uint32_t kApiVersion = 1;
+constexpr uint32_t kApiVersion = 2;
 
 struct EngineApi {
   uint32_t version;
@@ -61,6 +61,7 @@ struct EngineApi {
   PyObject* (*whole_value)(const Cell*, PyObject* engine, const int64_t* sizes, uint32_t rank, int8_t dtype);
   int32_t (*call)(uint32_t op, const Arg* args, size_t nargs, Out* outs, size_t cap, size_t* nouts, void** error);
   void (*raise_error)(void* error);
+  const Cell* (*root_zeros)(int64_t numel, int8_t dtype);
 };
 
 // The table, once `_tpu_bridge.install` has read it (null before).

@@ -84,8 +84,17 @@ bool tensor_arg(const at::Tensor& t, Arg& a) {
   }
   if (t.device().type() == c10::DeviceType::PrivateUse1) {
     Block* block = t.has_storage() ? block_of(t.storage().data_ptr()) : nullptr;
-    if (block == nullptr || block->root == nullptr) {
+    if (block == nullptr) {
       return false;
+    }
+    if (block->root == nullptr) {
+      // A storage PyTorch allocated itself (`empty`, then `zero_`): its
+      // bytes read as zeros, so its root is made of zeros here.
+      const int64_t numel = static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.itemsize());
+      block->root = engine_api->root_zeros(numel, static_cast<int8_t>(t.scalar_type()));
+      if (block->root == nullptr) {
+        return false;
+      }
     }
     a.kind = arg_kind::kTensor;
     a.dtype = static_cast<int8_t>(t.scalar_type());

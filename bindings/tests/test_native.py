@@ -75,10 +75,33 @@ def test_in_place_ops_write_the_storage_every_view_sees(mode, python_path):
     t.zero_()
     t.fill_(1.5)
     assert torch.equal(view.cpu(), torch.full((4,), 1.5))
-    # Python ran only the copies off the device (`.cpu()`) and the first fill
-    # of `torch.ones`' new storage, which has no value yet.
-    assert set(python_path()) <= {"_copy_from.default", "fill_.Scalar"}, python_path()
-    assert python_path()["fill_.Scalar"] <= 1
+    # Python ran only the copies off the device (`.cpu()`); the fill of
+    # `torch.ones`' new storage, which has no value yet, starts from zeros.
+    assert set(python_path()) <= {"_copy_from.default"}, python_path()
+
+
+def test_new_storages_and_views_that_cover_their_storage_are_written_natively(mode, python_path):
+    z = torch.empty(3, 4, device="tpu").zero_()  # a storage PyTorch allocated: no value yet
+    assert torch.equal(z.cpu(), torch.zeros(3, 4))
+    a, ta = pair(4, 6, seed=9)
+    flat = ta.view(2, 12)  # every element of the storage, in order, in another shape
+    flat.add_(torch.ones(12, device="tpu"))
+    a.view(2, 12).add_(torch.ones(12))
+    torch.testing.assert_close(ta.cpu(), a, rtol=0, atol=0)
+    assert set(python_path()) <= {"_copy_from.default"}, python_path()
+
+
+def test_safe_softmax_zeroes_rows_of_only_minus_infinity(mode, python_path):
+    if mode == "debug":
+        pytest.skip("Debug mode raises at the row maximum of -inf (TORCH_TPU_DEBUG_CHECKS)")
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(10))
+    x[1] = float("-inf")
+    x[2, :3] = float("-inf")
+    want = torch.ops.aten._safe_softmax(x, -1)
+    got = torch.ops.aten._safe_softmax(x.to("tpu"), -1).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got[1], torch.zeros(5))
+    assert "_safe_softmax.default" not in python_path(), python_path()
 
 
 def test_views_are_read_natively_and_match_cpu(mode, python_path):

@@ -133,6 +133,58 @@ fn scan_body(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
     (short_run, repeat)
 }
 
+thread_local! {
+    /// The DeferAndFuse op groups open on this thread: (context, depth, hash
+    /// of the primitives recorded in the group so far).
+    static UNITS: std::cell::RefCell<Vec<(usize, u32, Option<u64>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// In DeferAndFuse an op group is one unit for the detector: its primitives
+/// are folded into one hash, pushed when the group ends, so that the stream
+/// is only ever cut between user-level ops. A LayerNorm or an optimizer's
+/// `_foreach_` update over every parameter (whose second layer's parameters
+/// repeat the first's shapes) then stays in one trace and fuses whole.
+pub(crate) mod unit {
+    use super::UNITS;
+
+    /// Opens a unit of `owner` on this thread, or joins the one open.
+    pub fn begin(owner: usize) {
+        UNITS.with_borrow_mut(|units| match units.iter_mut().find(|u| u.0 == owner) {
+            Some(u) => u.1 += 1,
+            None => units.push((owner, 1, None)),
+        })
+    }
+
+    /// Folds `hash` into `owner`'s open unit; false when none is open.
+    pub fn fold(owner: usize, hash: u64) -> bool {
+        UNITS.with_borrow_mut(|units| match units.iter_mut().find(|u| u.0 == owner) {
+            Some(u) => {
+                let acc = u.2.map_or(hash, |acc| (acc.rotate_left(7) ^ hash).wrapping_mul(FOLD));
+                u.2 = Some(acc);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Closes one level of `owner`'s unit; at the outermost, the hash of
+    /// what it recorded (none when it recorded nothing).
+    pub fn end(owner: usize) -> Option<u64> {
+        UNITS.with_borrow_mut(|units| {
+            let at = units.iter().position(|u| u.0 == owner)?;
+            units[at].1 -= 1;
+            if units[at].1 > 0 {
+                return None;
+            }
+            units.swap_remove(at).2
+        })
+    }
+
+    /// An odd 64-bit multiplier (FNV's prime) that spreads the folded bits.
+    const FOLD: u64 = 0x0000_0100_0000_01b3;
+}
+
 /// The hash the detector compares: the op's name and the output's shape and
 /// dtype.
 pub(crate) fn op_hash(op: &Op, out: &Meta) -> u64 {

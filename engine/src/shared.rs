@@ -18,7 +18,7 @@ use crate::dump::{Dumps, FlushFacts, FlushReason, Probe};
 use crate::op_group;
 use crate::pending::PendingTrace;
 use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared, TierLimits};
-use crate::repeats::op_hash;
+use crate::repeats::{op_hash, unit};
 use crate::stream::{computed, Job, Stream};
 use crate::value::{resolve_all, Cell, Value, FLUSH};
 
@@ -207,8 +207,9 @@ impl Shared {
                     .iter()
                     .map(|v| pending.node_of(v))
                     .collect::<Result<SmallVec<[_; 4]>>>()?;
-                let repeated =
-                    pending.repeats.as_mut().is_some_and(|r| r.push(op_hash(&op, &meta)));
+                let hash = op_hash(&op, &meta);
+                let repeated = !unit::fold(self.id(), hash)
+                    && pending.repeats.as_mut().is_some_and(|r| r.push(hash));
                 let node = pending.push(op, &nodes, meta.clone())?;
                 let epoch = pending.epoch;
                 let value = Value::new(meta, Cell::Deferred { node, epoch });
@@ -233,19 +234,35 @@ impl Shared {
         self as *const Shared as usize
     }
 
-    /// Opens an op group (Strict only; see `op_group.rs`) named `name`.
+    /// Opens an op group named `name`: in Strict its primitives run as one
+    /// program (see `op_group.rs`); in DeferAndFuse they are one unit for
+    /// the repeat detector (see `repeats::unit`).
     pub fn begin_group(&self, name: &str) {
-        if self.config.mode == Mode::Strict {
-            op_group::begin(self.id(), name);
+        match self.config.mode {
+            Mode::Strict => op_group::begin(self.id(), name),
+            Mode::DeferAndFuse => unit::begin(self.id()),
+            Mode::Debug => {}
         }
     }
 
-    /// Closes one level of this thread's op group, submitting its program at
-    /// the outermost.
+    /// Closes one level of this thread's op group: at the outermost, Strict
+    /// submits its program and DeferAndFuse shows it to the repeat detector,
+    /// which may cut the stream after it.
     pub fn end_group(&self) -> Result<()> {
-        match op_group::end(self.id()) {
-            Some(ready) => self.submit_group(ready),
-            None => Ok(()),
+        match self.config.mode {
+            Mode::Strict => match op_group::end(self.id()) {
+                Some(ready) => self.submit_group(ready),
+                None => Ok(()),
+            },
+            Mode::DeferAndFuse => {
+                let Some(hash) = unit::end(self.id()) else { return Ok(()) };
+                let mut pending = self.pending.lock().unwrap();
+                match pending.repeats.as_mut().is_some_and(|r| r.push(hash)) {
+                    true => self.flush(&mut pending, FlushReason::Repeat),
+                    false => Ok(()),
+                }
+            }
+            Mode::Debug => Ok(()),
         }
     }
 

@@ -180,3 +180,26 @@ fn a_loop_that_never_reads_keeps_a_constant_peak_memory() {
     let (short, long) = (peak_after(20), peak_after(200));
     assert!(long <= short + short / 100, "peak bytes {short} after 20 steps, {long} after 200");
 }
+
+#[test]
+fn an_op_group_is_one_unit_for_the_detector() {
+    // Adds on twelve shapes, twice over: a period of twelve primitives, which
+    // the detector cuts after when they are recorded one by one. Recorded in
+    // one op group (an optimizer's `_foreach_add` over two layers of the same
+    // shapes, say), they are one unit, and the stream is not cut inside it.
+    let flushes = |grouped: bool| {
+        let ctx = context(Mode::DeferAndFuse, true);
+        let xs: Vec<Tensor> =
+            (1..=12).map(|n| ctx.ones(&[n], DType::F32).unwrap()).collect::<Vec<_>>();
+        let group = grouped.then(|| ctx.op_group("_foreach_add"));
+        let sums: Vec<Tensor> = xs.iter().chain(&xs).map(|x| x.add(1.0).unwrap()).collect();
+        if let Some(group) = group {
+            group.end(Ok(())).unwrap();
+        }
+        let flushes = ctx.stats().flushes;
+        drop(sums);
+        flushes
+    };
+    assert_eq!(flushes(false), 1, "recorded one by one");
+    assert_eq!(flushes(true), 0, "recorded as one op group");
+}

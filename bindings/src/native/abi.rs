@@ -16,7 +16,7 @@ use crate::root::{engine_value, scalar_type, Cell, PyRoot};
 use crate::tensor::PyTensor;
 
 /// Bumped whenever a record or a function below changes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The most dimensions a result passes back inline.
 pub const MAX_RANK: usize = 12;
@@ -101,6 +101,11 @@ pub struct Api {
     ) -> i32,
     /// Sets the Python error for a FAILED call's error, consuming it (takes the GIL).
     pub raise_error: unsafe extern "C" fn(*mut c_void),
+    /// A fresh root of `numel` zeros of a `ScalarType` code in the calling
+    /// thread's context, for a storage PyTorch allocated without one (whose
+    /// bytes read as zeros, as `_handles.root_of` makes them); null for a
+    /// dtype the engine lacks or no context. No GIL needed.
+    pub root_zeros: unsafe extern "C" fn(i64, i8) -> *const Cell,
 }
 
 unsafe extern "C" fn root_release(cell: *const Cell) {
@@ -174,6 +179,7 @@ static API: Api = Api {
     whole_value,
     call: super::call,
     raise_error,
+    root_zeros: super::root_zeros,
 };
 
 /// The capsule the C++ layer reads the table from.

@@ -17,7 +17,7 @@ mod ops;
 use std::cell::RefCell;
 use std::ffi::c_void;
 
-use deferfuse::{Context, DType, Mode, Scalar, ScalarOrTensor, Tensor};
+use deferfuse::{Context, DType, Scalar, ScalarOrTensor, Tensor};
 use pyo3::prelude::*;
 use smallvec::SmallVec;
 
@@ -177,11 +177,17 @@ unsafe fn operand<'a>(arg: &'a Arg, ctx: &Context) -> Option<Operand<'a>> {
         return None;
     }
     let offset = arg.int;
-    if offset == 0 && abi::same_sizes(value.shape(), sizes) && contiguous(sizes, strides) {
-        return Some(Operand { value: value.clone(), whole: Some(cell) });
-    }
     let numel: i64 = sizes.iter().product();
     let root_numel = value.shape().iter().product::<usize>() as i64;
+    if offset == 0 && numel == root_numel && contiguous(sizes, strides) {
+        // Every element of the root in order: the tensor is all of it, in
+        // its own shape (a write makes that the root's shape, as Python's does).
+        let value = match abi::same_sizes(value.shape(), sizes) {
+            true => value.clone(),
+            false => value.reshape(&sizes.iter().map(|&n| n as usize).collect::<Vec<_>>()).ok()?,
+        };
+        return Some(Operand { value, whole: Some(cell) });
+    }
     let permutation = offset == 0 && numel == root_numel;
     let value = match permutation.then(|| permuted(value, sizes, strides)).flatten() {
         Some(v) => v,
@@ -319,10 +325,12 @@ pub unsafe extern "C" fn call(
             return abi::NOT_HANDLED;
         };
         let raw = slice(args, nargs as u32);
-        // Strict runs an aten op's primitives as one program, as the Python
-        // path does: with the reads of its operands (a transpose that a
-        // matmul then reads in place), so the group opens first.
-        let group = (ctx.mode() == Mode::Strict).then(|| ctx.op_group(spec.name));
+        // The aten op is one op group: in Strict its primitives run as one
+        // program, as the Python path does, with the reads of its operands
+        // (a transpose that a matmul then reads in place), so the group
+        // opens first; in DeferAndFuse the repeat detector cuts the stream
+        // only between aten ops.
+        let group = ctx.op_group(spec.name);
         let Some(resolved) = raw.iter().map(|a| resolve(a, &ctx)).collect::<Option<Vec<A>>>()
         else {
             return abi::NOT_HANDLED;
@@ -331,7 +339,7 @@ pub unsafe extern "C" fn call(
         // The operands' views are not the op's results: released before
         // the group ends, they are not kept as outputs of its program.
         drop(resolved);
-        drop(group);
+        let result = group.end(result);
         match result {
             Ok(Some(done)) => {
                 if done.outs.len() > cap || !done.outs.iter().all(fits) {
@@ -359,6 +367,17 @@ pub unsafe extern "C" fn call(
         *error = Box::into_raw(Box::new(e)).cast();
         abi::FAILED
     })
+}
+
+/// The C ABI's `root_zeros` (see [`abi::Api`]).
+pub unsafe extern "C" fn root_zeros(numel: i64, dtype: i8) -> *const Cell {
+    let make = || {
+        let ctx = CURRENT.with(|c| c.borrow().clone())?;
+        let zeros =
+            ctx.full(0.0, &[usize::try_from(numel).ok()?], from_scalar_type(dtype)?).ok()?;
+        Some(std::sync::Arc::into_raw(Cell::new(crate::root::State::Engine(zeros))))
+    };
+    std::panic::catch_unwind(make).ok().flatten().unwrap_or(std::ptr::null())
 }
 
 fn fits(ret: &Ret) -> bool {

@@ -267,6 +267,25 @@ fn log_softmax(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     }
 }
 
+fn safe_softmax(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), A::Int(dim)) = (tensor(a, 0), arg(a, 1)) else { return Ok(None) };
+    if !is_float(x) || x.shape().is_empty() {
+        return Ok(None);
+    }
+    let x = match arg(a, 2) {
+        A::None => x.clone(),
+        A::Int(code) => match i8::try_from(*code).ok().and_then(from_scalar_type) {
+            Some(dtype) => x.to_dtype(dtype)?,
+            None => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    let axis = dim.rem_euclid(x.shape().len() as i64);
+    let finite =
+        x.eq(f64::NEG_INFINITY)?.logical_not()?.to_dtype(DType::I64)?.sum(&[axis], true)?;
+    finite.eq(0i64)?.where_cond(0.0, x.softmax(*dim)?).map(Some)
+}
+
 /// `(grad_output, output, dim, input_dtype)` of the softmax backward ops.
 fn softmax_grad_args<'x>(a: &'x [A<'_>]) -> Option<(&'x Tensor, &'x Tensor, i64, DType)> {
     let (Some(g), Some(y), A::Int(dim), A::Int(dtype)) =
@@ -569,6 +588,7 @@ table! {
     "addmm.default" => functional(addmm),
     "sum.dim_IntList" => functional(sum_dim), "mean.dim" => functional(mean_dim),
     "_softmax.default" => functional(softmax), "_log_softmax.default" => functional(log_softmax),
+    "_safe_softmax.default" => functional(safe_softmax),
     "_softmax_backward_data.default" => functional(softmax_backward),
     "_log_softmax_backward_data.default" => functional(log_softmax_backward),
     "_copy_from.default" => direct(copy_from),

@@ -25,6 +25,18 @@ def log_softmax(self: ET, dim: int, half_to_float: bool) -> ET:
     return x.log_softmax(dim) if len(x.shape) else x.binary("mul", 0)
 
 
+@lower("_safe_softmax.default")
+def safe_softmax(self: ET, dim: int, dtype: torch.dtype | None = None) -> ET:
+    """Softmax whose rows of only -inf give zeros instead of NaN (the math
+    path of scaled_dot_product_attention); its gradient is softmax's."""
+    if not is_float(self) or not len(self.shape):
+        raise Unsupported("safe softmax of a non-float or zero-dimensional tensor")
+    x = self.cast(dt(dtype)) if dtype is not None else self
+    axis = dim % len(x.shape)
+    finite = x.binary("eq", float("-inf")).unary("logical_not").cast("i64").reduce("sum", [axis], True)
+    return finite.binary("eq", 0).where_(0.0, x.softmax(dim))
+
+
 @lower("_softmax_backward_data.default")
 def softmax_backward(grad_output: ET, output: ET, dim: int, input_dtype: torch.dtype) -> ET:
     g = grad_output.binary("mul", output)
