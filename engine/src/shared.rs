@@ -154,8 +154,7 @@ impl Shared {
         match self.config.mode {
             Mode::DeferAndFuse => {
                 self.flush(&mut self.pending.lock().unwrap(), FlushReason::Sync)?;
-                self.stream.as_ref().map_or(Ok(()), |s| s.synchronize())?;
-                self.in_flight.lock().unwrap().clear();
+                self.wait_for_room(0);
             }
             Mode::Strict => self.stream.as_ref().map_or(Ok(()), |s| s.synchronize())?,
             Mode::Debug => {}
@@ -322,8 +321,9 @@ impl Shared {
             for value in &plan.holders {
                 *value.cell.lock().unwrap() = Cell::Queued;
             }
-            self.wait_for_room();
-            self.in_flight.lock().unwrap().push_back(plan.holders[0].clone());
+            self.wait_for_room(MAX_IN_FLIGHT - 1);
+            let last = plan.holders[plan.holders.len() - 1].clone();
+            self.in_flight.lock().unwrap().push_back(last);
             return stream.submit(Job::Execute { exe, inputs: plan.inputs, outputs: plan.holders });
         }
         let result = computed(plan.inputs).and_then(|inputs| match probe {
@@ -335,12 +335,14 @@ impl Shared {
         resolve_all(&plan.holders, result, FLUSH)
     }
 
-    /// Waits until fewer than [`MAX_IN_FLIGHT`] flushes are on the stream.
-    fn wait_for_room(&self) {
+    /// Waits until at most `room` flushes are on the stream. The last
+    /// value a flush resolves stands for it: once that is ready, so is
+    /// everything the flush computed.
+    fn wait_for_room(&self, room: usize) {
         let mut in_flight = self.in_flight.lock().unwrap();
         while let Some(oldest) = in_flight.front() {
             let queued = matches!(*oldest.cell.lock().unwrap(), Cell::Queued);
-            if queued && in_flight.len() < MAX_IN_FLIGHT {
+            if queued && in_flight.len() <= room {
                 break;
             }
             // Its error, if any, stays with its values, raised where they are read.
