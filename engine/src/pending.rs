@@ -168,6 +168,94 @@ impl<I: Input> PendingTrace<I> {
     }
 }
 
+impl FlushPlan<Arc<Value>> {
+    /// Splits off what `needed` (one of the holders) depends on, when that
+    /// is not everything: the first plan computes it (and the values the
+    /// rest reads from it), the second the rest, reading those values as
+    /// parameters. A read then waits only for its own part, and the rest
+    /// (a training step's backward and optimizer update, after a read of
+    /// the loss) can run while the caller goes on. Not for plans with call
+    /// sites (fusion dumps describe one program per flush).
+    pub fn split_for(self, needed: &Value) -> (Self, Option<Self>) {
+        let trace = &self.trace;
+        let at = self.holders.iter().position(|h| std::ptr::eq(Arc::as_ptr(h), needed));
+        let Some(root) = at.map(|i| trace.outputs[i]).filter(|_| self.call_sites.is_empty()) else {
+            return (self, None);
+        };
+        let mut part = vec![false; trace.len()];
+        part[root] = true;
+        for id in (0..=root).rev() {
+            if part[id] {
+                for &i in &trace.nodes[id].inputs {
+                    part[i] = true;
+                }
+            }
+        }
+        let computes = |id: usize| !matches!(trace.nodes[id].op, Op::Parameter { .. });
+        if (0..trace.len()).all(|id| part[id] || !computes(id)) {
+            return (self, None);
+        }
+        // Nodes of the part that the rest reads: outputs of the first plan,
+        // parameters of the second.
+        let mut bridges: Vec<usize> = Vec::new();
+        for (_, node) in trace.nodes.iter().enumerate().filter(|(id, _)| !part[*id]) {
+            for &i in &node.inputs {
+                if part[i] && computes(i) && !bridges.contains(&i) {
+                    bridges.push(i);
+                }
+            }
+        }
+        let holder_of = |node: usize| trace.outputs.iter().position(|&o| o == node);
+        let bridge_values: Vec<Arc<Value>> = bridges
+            .iter()
+            .map(|&b| match holder_of(b) {
+                Some(i) => self.holders[i].clone(),
+                None => Value::new(trace.nodes[b].meta.clone(), Cell::Queued),
+            })
+            .collect();
+        // The first plan: the part's held outputs, then the bridges nobody holds.
+        let mut first = trace.clone();
+        let mut first_holders = Vec::new();
+        first.outputs.clear();
+        for (i, &o) in trace.outputs.iter().enumerate().filter(|(_, &o)| part[o]) {
+            first.outputs.push(o);
+            first_holders.push(self.holders[i].clone());
+        }
+        for (&b, v) in bridges.iter().zip(&bridge_values).filter(|(&b, _)| holder_of(b).is_none()) {
+            first.outputs.push(b);
+            first_holders.push(v.clone());
+        }
+        let (first, params) = first.pruned();
+        let first_inputs = params.iter().map(|&p| self.inputs[p].clone()).collect();
+        // The second plan: the rest, each bridge a new parameter.
+        let n = self.inputs.len();
+        let mut second = trace.clone();
+        for (j, &b) in bridges.iter().enumerate() {
+            let meta = second.nodes[b].meta.clone();
+            second.nodes[b].op =
+                Op::Parameter { index: n + j, shape: meta.shape.clone(), dtype: meta.dtype };
+            second.nodes[b].inputs.clear();
+        }
+        second.outputs.clear();
+        let mut second_holders = Vec::new();
+        for (i, &o) in trace.outputs.iter().enumerate().filter(|(_, &o)| !part[o]) {
+            second.outputs.push(o);
+            second_holders.push(self.holders[i].clone());
+        }
+        let (second, params) = second.pruned();
+        let second_inputs = params
+            .iter()
+            .map(|&p| if p < n { self.inputs[p].clone() } else { bridge_values[p - n].clone() })
+            .collect();
+        let plan =
+            |trace, inputs, holders| FlushPlan { trace, inputs, holders, call_sites: Vec::new() };
+        (
+            plan(first, first_inputs, first_holders),
+            Some(plan(second, second_inputs, second_holders)),
+        )
+    }
+}
+
 /// The call sites renumbered as [`Trace::pruned`] renumbers nodes (live nodes
 /// keep their order).
 fn pruned_call_sites(

@@ -273,6 +273,39 @@ impl Pipeline {
         }
     }
 
+    /// The executable for `trace` and the program it runs, when tier 1
+    /// has it (counted as a hit); `None`, counted as nothing, when it does
+    /// not.
+    pub fn cached(
+        &self,
+        trace: &Trace,
+        how: Preparation,
+    ) -> Option<(Arc<dyn Executable>, Prepared)> {
+        self.lookup(&ShapeClass::of(trace), how)
+    }
+
+    fn lookup(
+        &self,
+        class: &ShapeClass,
+        how: Preparation,
+    ) -> Option<(Arc<dyn Executable>, Prepared)> {
+        let key = (how, class.signature.clone());
+        let hit = self.programs.lock().unwrap().update(
+            &key,
+            |entry| match entry.by_sizes.get(&class.sizes) {
+                Some(instance) => Some(instance.clone()),
+                None => entry.resize(class).inspect(|instance| {
+                    self.counters.resized.fetch_add(1, Ordering::Relaxed);
+                    entry.insert(class.sizes.clone(), instance.clone());
+                }),
+            },
+            Entry::bytes,
+        );
+        let Instance { program, executable, resized_from } = hit??;
+        count(&self.counters.tier1, true);
+        Some((executable, Prepared { program, rewrite: None, resized_from }))
+    }
+
     /// The executable for `trace`, and the program it runs.
     pub fn executable(
         &self,
@@ -280,22 +313,10 @@ impl Pipeline {
         how: Preparation,
     ) -> Result<(Arc<dyn Executable>, Prepared)> {
         let class = ShapeClass::of(trace);
-        let key = (how, class.signature.clone());
-        let hit = self.programs.lock().unwrap().update(
-            &key,
-            |entry| match entry.by_sizes.get(&class.sizes) {
-                Some(instance) => Some(instance.clone()),
-                None => entry.resize(&class).inspect(|instance| {
-                    self.counters.resized.fetch_add(1, Ordering::Relaxed);
-                    entry.insert(class.sizes.clone(), instance.clone());
-                }),
-            },
-            Entry::bytes,
-        );
-        if let Some(Some(Instance { program, executable, resized_from })) = hit {
-            count(&self.counters.tier1, true);
-            return Ok((executable, Prepared { program, rewrite: None, resized_from }));
+        if let Some(ready) = self.lookup(&class, how) {
+            return Ok(ready);
         }
+        let key = (how, class.signature.clone());
         count(&self.counters.tier1, false);
         let (prepared, executable, program_bytes) =
             self.prepare_and_compile(trace, how, &Signature::of(trace))?;

@@ -16,7 +16,7 @@ use crate::config::{Config, Mode};
 use crate::disk_cache::{DiskCache, DiskCacheLimits};
 use crate::dump::{Dumps, FlushFacts, FlushReason, Probe};
 use crate::op_group;
-use crate::pending::PendingTrace;
+use crate::pending::{FlushPlan, PendingTrace};
 use crate::pipeline::{CacheStats, Pipeline, Preparation, Prepared, TierLimits};
 use crate::repeats::{op_hash, unit};
 use crate::stream::{computed, Job, Stream};
@@ -293,31 +293,71 @@ impl Shared {
             // Another thread may have flushed while we waited for the lock.
             let still = matches!(*value.cell.lock().unwrap(), Cell::Deferred { epoch, .. } if epoch == pending.epoch);
             if still {
-                self.flush(&mut pending, FlushReason::Read)?;
+                self.flush_reading(&mut pending, FlushReason::Read, Some(value))?;
             }
         }
         value.wait_buffer()
     }
 
     /// Runs the pending trace and binds its outputs to the tensors still held.
-    /// The program is prepared here (so preparation errors reach the op that
-    /// caused the flush); it runs here when someone waits for it (a read, a
-    /// sync, fusion dumps timing it), and on the stream otherwise, while the
-    /// caller records on. Either way it runs after every program issued
-    /// before it that computes its inputs.
     pub fn flush(&self, pending: &mut PendingTrace<Arc<Value>>, reason: FlushReason) -> Result<()> {
+        self.flush_reading(pending, reason, None)
+    }
+
+    /// [`Self::flush`] for a read of `read`: what `read` needs runs first,
+    /// and the rest of the trace (see [`FlushPlan::split_for`]) on the
+    /// stream, as a flush nobody waits for.
+    fn flush_reading(
+        &self,
+        pending: &mut PendingTrace<Arc<Value>>,
+        reason: FlushReason,
+        read: Option<&Value>,
+    ) -> Result<()> {
         let Some(plan) = pending.take() else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
+        let how = how(&self.config);
+        // A trace run whole before runs whole again: splitting it would
+        // compile two new programs for what the cache already has. Fusion
+        // dumps show one program per flush, so they never split.
+        let read = read.filter(|_| self.dumps.is_none());
+        let cached = read.and_then(|_| self.pipeline.cached(&plan.trace, how));
+        let (plan, rest) = match read {
+            Some(value) if cached.is_none() => plan.split_for(value),
+            _ => (plan, None),
+        };
+        let waited_for = matches!(reason, FlushReason::Read | FlushReason::Sync);
+        let ran = self.run_plan(plan, reason, waited_for, cached);
+        match rest {
+            Some(rest) => ran.and(self.run_plan(rest, reason, false, None)),
+            None => ran,
+        }
+    }
+
+    /// Prepares a flush's program here (so preparation errors reach the op
+    /// that caused the flush) and runs it: here when someone waits for it
+    /// (a read, a sync, fusion dumps timing it), on the stream otherwise,
+    /// while the caller records on. Either way it runs after every program
+    /// issued before it that computes its inputs.
+    /// `ready`: its executable, when the caller looked it up already.
+    fn run_plan(
+        &self,
+        plan: FlushPlan<Arc<Value>>,
+        reason: FlushReason,
+        wait: bool,
+        ready: Option<(Arc<dyn Executable>, Prepared)>,
+    ) -> Result<()> {
         tracing::debug!(nodes = plan.trace.len(), outputs = plan.holders.len(), ?reason, "flush");
         let nodes = plan.trace.len();
         let probe = self.dumps.as_ref().map(|d| d.start(self.pipeline.stats(), reason));
-        let (exe, prepared) = match self.pipeline.executable(&plan.trace, how(&self.config)) {
+        let ready = ready
+            .map(Ok)
+            .unwrap_or_else(|| self.pipeline.executable(&plan.trace, how(&self.config)));
+        let (exe, prepared) = match ready {
             Ok(ready) => ready,
             Err(e) => return resolve_all(&plan.holders, Err(e), FLUSH),
         };
         *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, reason, &prepared));
-        let waited_for = matches!(reason, FlushReason::Read | FlushReason::Sync);
-        if let (Some(stream), None, false) = (&self.stream, &probe, waited_for) {
+        if let (Some(stream), None, false) = (&self.stream, &probe, wait) {
             for value in &plan.holders {
                 *value.cell.lock().unwrap() = Cell::Queued;
             }
