@@ -197,15 +197,18 @@ impl FlushPlan<Arc<Value>> {
         }
         // Nodes of the part that the rest reads: outputs of the first plan,
         // parameters of the second.
-        let mut bridges: Vec<usize> = Vec::new();
-        for (_, node) in trace.nodes.iter().enumerate().filter(|(id, _)| !part[*id]) {
+        let mut is_bridge = vec![false; trace.len()];
+        for (node, _) in trace.nodes.iter().zip(&part).filter(|(_, &p)| !p) {
             for &i in &node.inputs {
-                if part[i] && computes(i) && !bridges.contains(&i) {
-                    bridges.push(i);
-                }
+                is_bridge[i] |= part[i] && computes(i);
             }
         }
-        let holder_of = |node: usize| trace.outputs.iter().position(|&o| o == node);
+        let bridges: Vec<usize> = (0..trace.len()).filter(|&id| is_bridge[id]).collect();
+        let mut holder = vec![None; trace.len()];
+        for (i, &o) in trace.outputs.iter().enumerate() {
+            holder[o] = Some(i);
+        }
+        let holder_of = |node: usize| holder[node];
         let bridge_values: Vec<Arc<Value>> = bridges
             .iter()
             .map(|&b| match holder_of(b) {

@@ -327,18 +327,21 @@ impl Shared {
         };
         let waited_for = matches!(reason, FlushReason::Read | FlushReason::Sync);
         let ran = self.run_plan(plan, reason, waited_for, cached);
-        match rest {
-            Some(rest) => ran.and(self.run_plan(rest, reason, false, None)),
-            None => ran,
+        if let Some(rest) = rest {
+            // Issued even when the read's part failed (its values then fail
+            // as poisoned); an error of the rest stays with its values and is
+            // raised where they are read, as for any flush on the stream.
+            let _ = self.run_plan(rest, reason, false, None);
         }
+        ran
     }
 
     /// Prepares a flush's program here (so preparation errors reach the op
     /// that caused the flush) and runs it: here when someone waits for it
     /// (a read, a sync, fusion dumps timing it), on the stream otherwise,
     /// while the caller records on. Either way it runs after every program
-    /// issued before it that computes its inputs.
-    /// `ready`: its executable, when the caller looked it up already.
+    /// issued before it that computes its inputs. `ready`: its executable,
+    /// when the caller looked it up already.
     fn run_plan(
         &self,
         plan: FlushPlan<Arc<Value>>,
