@@ -210,11 +210,9 @@ fn view(root: &Tensor, sizes: &[i64], strides: &[i64], offset: i64) -> Option<Te
         return None;
     }
     let flat = || root.reshape(&[numel as usize]);
-    // One row-major run of the root's elements (at any offset).
+    // One row-major run of the root's elements, at an offset (`operand`
+    // took a run of all of them as the whole root).
     if contiguous(sizes, strides) && offset + count <= numel {
-        if offset == 0 && count == numel {
-            return root.reshape(&shape(sizes)).ok();
-        }
         return flat()
             .and_then(|f| f.slice(0, offset, offset + count, 1))
             .and_then(|f| f.reshape(&shape(sizes)))

@@ -399,10 +399,8 @@ fn native_layer_norm<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
     if let Some(bias) = tensor(a, 3) {
         y = y.add(bias.to_dtype(DType::F32)?)?;
     }
-    let dtype = input.dtype();
-    let outs = [y, mean, rstd].map(|t| t.to_dtype(dtype).map(Ret::Fresh));
-    let [y, mean, rstd] = outs;
-    Ok(Some(Done { outs: smallvec![y?, mean?, rstd?], writes: smallvec![] }))
+    let out = |t: Tensor| t.to_dtype(input.dtype()).map(Ret::Fresh);
+    Ok(Some(Done { outs: smallvec![out(y)?, out(mean)?, out(rstd)?], writes: smallvec![] }))
 }
 
 fn native_layer_norm_backward<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
