@@ -73,6 +73,31 @@ impl PyEngine {
         t.map(PyTensor::from).map_err(to_py)
     }
 
+    /// A tensor whose data is copied from `addr` (the data pointer of the
+    /// contiguous CPU tensor `source`) on the context's stream, while the
+    /// caller goes on: a non-blocking copy from pinned memory. `source` is
+    /// held until the copy has run, as CUDA's host allocator keeps a pinned
+    /// block until the copy that reads it is done; changing it before then
+    /// is the caller's race, as on CUDA.
+    fn tensor_from_pinned(
+        &self,
+        source: Py<PyAny>,
+        addr: usize,
+        shape: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<PyTensor> {
+        let dtype = parse_dtype(dtype)?;
+        let numel = shape.iter().product();
+        let read = move || {
+            // SAFETY: `source` keeps the memory at `addr` alive until the
+            // copy is done; it holds `numel` elements of `dtype`.
+            let data = unsafe { host::read(addr, numel, dtype) };
+            drop(source); // released when Python next runs binding code
+            data
+        };
+        self.ctx.from_host_async(&shape, dtype, read).map(PyTensor::from).map_err(to_py)
+    }
+
     /// A constant (part of the trace, unlike scalar operands).
     fn full(&self, value: f64, shape: Vec<usize>, dtype: &str) -> PyResult<PyTensor> {
         self.ctx.full(value, &shape, parse_dtype(dtype)?).map(PyTensor::from).map_err(to_py)

@@ -5,12 +5,14 @@ from_pretrained, pinned host memory, and training resumed in a new process.
 Real torch, safetensors and transformers throughout."""
 
 import copy
+import gc
 import io
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import weakref
 import zipfile
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -575,3 +577,28 @@ def test_pinned_memory_comes_from_the_tpu_allocator():
     assert not torch.randn(16).is_pinned()
     with pytest.raises(RuntimeError, match="only CPU memory can be pinned|cannot pin"):
         torch.ones(2, device="tpu").pin_memory()
+
+
+def test_non_blocking_upload_of_pinned_memory_keeps_its_source_until_copied(mode):
+    # Copied on the context's stream: the source stays alive until then, even
+    # when the caller drops it at once and new pinned memory could take its place.
+    want = torch.arange(24.0).reshape(4, 6)
+    x = want.clone().pin_memory()
+    alive = weakref.ref(x)
+    y = x.to("tpu", non_blocking=True)
+    del x
+    others = [torch.full((4, 6), -1.0).pin_memory() for _ in range(4)]
+    assert torch.equal((y * 2).cpu(), want * 2)
+    torch.tpu.synchronize()
+    (y + 1).cpu()  # the binding lets go of the source at its next call
+    gc.collect()
+    assert alive() is None, "the pinned source outlives its copy"
+    assert all(o.eq(-1).all() for o in others)
+
+
+def test_non_blocking_uploads_that_cannot_run_on_the_stream_copy_at_once(mode):
+    pinned = torch.arange(24.0).reshape(4, 6).pin_memory()
+    for src, dtype in ((pinned[:, ::2], None), (pinned, torch.float16), (torch.arange(5), None)):
+        got = src.to("tpu", dtype=dtype, non_blocking=True)
+        assert got.dtype == (dtype or src.dtype)
+        assert torch.equal(got.cpu(), src.to(got.dtype))

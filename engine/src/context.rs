@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use runtime::{Backend, HostData, MemoryStats, MemoryTracker};
-use trace_ir::{Error, Meta, Op, Result};
+use trace_ir::{DType, Error, Meta, Op, Result};
 
 use crate::config::{Config, Mode};
 use crate::element::Element;
@@ -106,6 +106,24 @@ impl Context {
     /// what the group recorded.
     pub fn end_group(&self) -> Result<()> {
         self.shared.end_group()
+    }
+
+    /// A tensor of `shape` and `dtype` whose data `read` produces on the
+    /// context's stream, after the work issued before it, while the caller
+    /// goes on: a non-blocking upload, like a CUDA copy from pinned memory.
+    /// What `read` reads must stay unchanged until it has run; reading the
+    /// tensor, or [`Context::sync`], waits for it. Debug, which has no
+    /// stream, runs `read` here. Data of another length or dtype fails the
+    /// tensor, and what reads it.
+    pub fn from_host_async(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        read: impl FnOnce() -> HostData + Send + 'static,
+    ) -> Result<Tensor> {
+        let meta = Meta::new(shape.into(), dtype);
+        let value = self.shared.upload_async(meta, Box::new(move || Ok(read())))?;
+        Ok(Tensor::new(self.shared.clone(), value))
     }
 
     /// A tensor holding `data` (row-major) with the given shape.

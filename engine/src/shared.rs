@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rewrite_rules::planner::PlanConfig;
-use runtime::{Backend, Buffer, Executable, MemoryStats};
+use runtime::{Backend, Buffer, Executable, HostData, MemoryStats};
 use smallvec::SmallVec;
 use trace_ir::{Error, Meta, Op, Result, Trace};
 
@@ -160,6 +160,51 @@ impl Shared {
             Mode::Debug => {}
         }
         self.raise_failed_checks()
+    }
+
+    /// A value whose data `read` produces on the stream, after the work
+    /// issued before it, while the caller goes on; here when there is no
+    /// stream to run it on (Debug, or a forked child).
+    pub fn upload_async(
+        &self,
+        meta: Meta,
+        read: Box<dyn FnOnce() -> Result<HostData> + Send>,
+    ) -> Result<Arc<Value>> {
+        let numel = meta.numel();
+        let (dtype, shape) = (meta.dtype, meta.shape.to_vec());
+        let read: Box<dyn FnOnce() -> Result<HostData> + Send> = Box::new(move || {
+            let data = read()?;
+            if data.dtype() != dtype {
+                let msg = "the data read has another dtype than the tensor".to_string();
+                return Err(Error::DType {
+                    op: "upload".into(),
+                    msg,
+                    dtypes: vec![dtype, data.dtype()],
+                });
+            }
+            if data.len() != numel {
+                return Err(Error::DataLength {
+                    op: "upload".into(),
+                    len: data.len(),
+                    shape,
+                    numel,
+                });
+            }
+            Ok(data)
+        });
+        let Some(stream) = self.stream.as_ref().filter(|s| !s.forked()) else {
+            let buffer = self.backend.upload(meta.clone(), read()?)?;
+            return Ok(Value::new(meta, Cell::Ready(buffer)));
+        };
+        let output = Value::new(meta, Cell::Queued);
+        if self.config.mode == Mode::DeferAndFuse {
+            // Counted with the flushes on the stream: `sync` waits for it,
+            // and a loop that uploads without reading cannot run ahead.
+            self.wait_for_room(MAX_IN_FLIGHT - 1);
+            self.in_flight.lock().unwrap().push_back(output.clone());
+        }
+        stream.submit(Job::Upload { read, output: output.clone() })?;
+        Ok(output)
     }
 
     /// Records `op` on `inputs`, values of this context, in its mode.

@@ -7,7 +7,7 @@
 use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::Arc;
 
-use runtime::{Backend, Buffer, Executable};
+use runtime::{Backend, Buffer, Executable, HostData};
 use trace_ir::{Error, Result};
 
 use crate::pipeline::{Pipeline, Preparation};
@@ -35,6 +35,12 @@ pub(crate) enum Job {
         exe: Arc<dyn Executable>,
         inputs: Vec<Arc<Value>>,
         outputs: Vec<Arc<Value>>,
+    },
+    /// Host data for `output`, produced by `read` when the stream gets
+    /// here: a non-blocking upload ([`crate::Context::from_host_async`]).
+    Upload {
+        read: Box<dyn FnOnce() -> Result<HostData> + Send>,
+        output: Arc<Value>,
     },
     Barrier(SyncSender<()>),
 }
@@ -76,6 +82,11 @@ impl Stream {
                         Job::Execute { exe, inputs, outputs } => {
                             let result = computed(inputs).and_then(|b| exe.run(b));
                             let _ = resolve_all(&outputs, result, FLUSH);
+                        }
+                        Job::Upload { read, output } => {
+                            let result =
+                                read().and_then(|d| backend.upload(output.meta.clone(), d));
+                            output.resolve(result, "a host upload");
                         }
                         Job::Barrier(done) => {
                             let _ = done.send(());

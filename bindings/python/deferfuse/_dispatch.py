@@ -545,7 +545,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         else:
             value = to_cpu_value(value).to(dst.dtype)
     elif is_tpu(dst):
-        value = _handles.from_cpu_value(src.to(dst.dtype))
+        value = _upload(src, dst.dtype, non_blocking)
     else:
         cpu = to_cpu(src)
         with torch.no_grad():
@@ -555,6 +555,16 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         value = value.expand(list(dst.shape)) if isinstance(value, ET) else value.expand(dst.shape)
     write(dst, value)
     return dst
+
+
+def _upload(src: torch.Tensor, dtype: torch.dtype, non_blocking: bool) -> Any:
+    """The engine value of the CPU tensor `src` as `dtype`. A non-blocking
+    copy of pinned memory returns at once and copies on the context's stream,
+    as on CUDA, where the source must not change until the copy is done."""
+    engine_dtype = _handles.TO_ENGINE.get(dtype)
+    if non_blocking and src.dtype == dtype and engine_dtype and src.is_contiguous() and src.is_pinned():
+        return _state.engine().tensor_from_pinned(src, src.data_ptr(), list(src.shape), engine_dtype)
+    return _handles.from_cpu_value(src.to(dtype))
 
 
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
