@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use deferfuse::{Context, DType, Tensor};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::PyTuple;
@@ -28,13 +28,22 @@ pub enum State {
         dtype: Py<PyAny>,
         shape: Vec<usize>,
     },
+    /// A storage shared with other processes (`torch.multiprocessing`): a
+    /// contiguous CPU `torch.Tensor` in shared memory, of the root's dtype
+    /// and shape, that every process holding the storage reads and writes.
+    /// Reads take a snapshot of it; writes copy into it.
+    Shared {
+        memory: Py<PyAny>,
+        dtype: Py<PyAny>,
+        shape: Vec<usize>,
+    },
 }
 
 impl State {
     pub fn shape(&self) -> &[usize] {
         match self {
             State::Engine(t) => t.shape(),
-            State::Host { shape, .. } => shape,
+            State::Host { shape, .. } | State::Shared { shape, .. } => shape,
         }
     }
 }
@@ -147,6 +156,14 @@ impl PyRoot {
     /// Replaces the value (and the shape: the value's own when not given).
     #[pyo3(signature = (value, shape=None))]
     fn set(&self, value: &Bound<'_, PyAny>, shape: Option<Vec<usize>>) -> PyResult<()> {
+        let py = value.py();
+        let shared = match &*self.cell.lock() {
+            State::Shared { memory, .. } => Some(memory.clone_ref(py)),
+            _ => None,
+        };
+        if let Some(memory) = shared {
+            return write_shared(memory.bind(py), value);
+        }
         let new = state_of(value, shape)?;
         let old = std::mem::replace(&mut *self.cell.lock(), new);
         drop(old); // outside the lock: a host value's release may run Python
@@ -159,6 +176,7 @@ impl PyRoot {
         match &*self.cell.lock() {
             State::Engine(t) => Ok(Py::new(py, PyTensor::from(t.clone()))?.into_any()),
             State::Host { tensor, .. } => Ok(tensor.clone_ref(py)),
+            State::Shared { memory, .. } => Ok(memory.clone_ref(py)),
         }
     }
 
@@ -172,8 +190,29 @@ impl PyRoot {
     fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match &*self.cell.lock() {
             State::Engine(t) => torch_dtype(py, t.dtype()),
-            State::Host { dtype, .. } => Ok(dtype.clone_ref(py)),
+            State::Host { dtype, .. } | State::Shared { dtype, .. } => Ok(dtype.clone_ref(py)),
         }
+    }
+
+    /// Makes `memory` (a contiguous CPU tensor in shared memory, holding
+    /// the current value) the storage's value from now on, for this process
+    /// and every process it is sent to.
+    fn share(&self, memory: &Bound<'_, PyAny>) -> PyResult<()> {
+        let State::Host { tensor, dtype, shape } = state_of(memory, None)? else {
+            return Err(PyTypeError::new_err("Root.share: the memory must be a CPU torch.Tensor"));
+        };
+        let old = std::mem::replace(
+            &mut *self.cell.lock(),
+            State::Shared { memory: tensor, dtype, shape },
+        );
+        drop(old);
+        Ok(())
+    }
+
+    /// True once the storage is shared with other processes ([`State::Shared`]).
+    #[getter]
+    fn shared(&self) -> bool {
+        matches!(&*self.cell.lock(), State::Shared { .. })
     }
 
     /// True when the value is an engine tensor of `engine`'s context (no
@@ -184,4 +223,42 @@ impl PyRoot {
         };
         engine_value(&self.cell.lock(), &engine.get().ctx).is_some()
     }
+}
+
+/// Copies `value` (an engine tensor, materialized here, or a CPU tensor) into
+/// the shared `memory`, element for element in row-major order. Shared
+/// memory keeps its size and dtype, as a shared CPU storage does.
+fn write_shared(memory: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = value.py();
+    let numel: usize = memory.call_method0("numel")?.extract()?;
+    let refuse = || {
+        PyRuntimeError::new_err(format!(
+            "a tpu storage shared with another process keeps its {numel} elements and its \
+             dtype: it cannot be resized or written through a view of another dtype"
+        ))
+    };
+    if let Ok(t) = value.downcast::<PyTensor>() {
+        let t = t.get().inner.clone();
+        if t.shape().iter().product::<usize>() != numel || !has_dtype(memory, t.dtype())? {
+            return Err(refuse());
+        }
+        let addr: usize = memory.call_method0("data_ptr")?.extract()?;
+        let data = py.allow_threads(|| t.host_data()).map_err(crate::to_py)?;
+        // SAFETY: `memory` is a live contiguous CPU tensor of `numel`
+        // elements of the data's dtype at `addr`.
+        return unsafe { crate::host::write(&data, addr, numel * t.dtype().size_in_bytes()) };
+    }
+    if value.call_method0("numel")?.extract::<usize>()? != numel {
+        return Err(refuse());
+    }
+    memory
+        .call_method1("view", (-1,))?
+        .call_method1("copy_", (value.call_method1("reshape", (-1,))?,))?;
+    Ok(())
+}
+
+/// True when the CPU tensor `memory` has the engine dtype `dtype`.
+fn has_dtype(memory: &Bound<'_, PyAny>, dtype: DType) -> PyResult<bool> {
+    let py = memory.py();
+    Ok(memory.getattr("dtype")?.is(torch_dtype(py, dtype)?.bind(py)))
 }

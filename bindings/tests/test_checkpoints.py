@@ -459,9 +459,14 @@ def test_multiprocessing_pickler_round_trips(strategy):
     assert torch.equal(back[0].cpu(), base.cpu()) and back[1].tolist() == [4.0, 5.0, 6.0, 7.0]
     assert _same_storage(back[0], back[1]) and isinstance(back[2], torch.nn.Parameter)
     assert back[3].shape == (0,)
-    # A copy: writes on either side stay there (CUDA would share the memory).
+    # Shared, as CUDA shares it: writes on either side are seen on the other.
     back[0][0, 0] = 50.0
-    assert base[0, 0].item() == 0.0
+    assert base[0, 0].item() == 50.0
+    base[1] += 100.0
+    assert back[1].tolist() == [104.0, 105.0, 106.0, 107.0] and (back[0] * 2)[1, 0].item() == 208.0
+    with pytest.raises(RuntimeError, match="shared with another process keeps its 12 elements"):
+        back[0].resize_(16)
+        back[0].sum().item()
 
 
 _QUEUE = """
@@ -473,6 +478,10 @@ _QUEUE = """
         outbox.put((base.device.type, (base * 2).tolist(), row.tolist(),
                     base.untyped_storage().data_ptr() == row.untyped_storage().data_ptr(),
                     type(param).__name__, param.requires_grad))
+        with torch.no_grad():
+            param.add_(5.0)  # Hogwild-style: the sender sees the update
+        torch.tpu.synchronize()
+        outbox.put("updated")
 
     if __name__ == "__main__":
         ctx = mp.get_context("spawn")
@@ -480,8 +489,10 @@ _QUEUE = """
         p = ctx.Process(target=child, args=(inbox, outbox))
         p.start()
         base = torch.arange(6.0, device="tpu").view(2, 3) + 1
-        inbox.put((base, base[1], torch.nn.Parameter(torch.ones(2, device="tpu"))))
+        param = torch.nn.Parameter(torch.ones(2, device="tpu"))
+        inbox.put((base, base[1], param))
         print(outbox.get(timeout=120))
+        print(outbox.get(timeout=120), param.tolist())
         p.join(timeout=120)
         print(p.exitcode)
 """
@@ -495,6 +506,7 @@ def test_a_spawned_process_receives_tpu_tensors(tmp_path):
     )
     assert run.stdout.splitlines() == [
         "('tpu', [[2.0, 4.0, 6.0], [8.0, 10.0, 12.0]], [4.0, 5.0, 6.0], True, 'Parameter', True)",
+        "updated [6.0, 6.0]",
         "0",
     ], run.stderr
 

@@ -99,9 +99,13 @@ def _current(root: Root) -> Value:
     """The root's value, moved into the current mode's context if needed."""
     eng = _state.engine()
     value = root.value
-    if type(value) is _engine.Tensor and not root.owned_by(eng):
-        value = eng.adopt(value)
-        root.set(value, root.shape)
+    if type(value) is _engine.Tensor:
+        if not root.owned_by(eng):
+            value = eng.adopt(value)
+            root.set(value, root.shape)
+    elif root.shared and value.dtype in TO_ENGINE:
+        # Memory that other processes write too: each read takes what it holds now.
+        return from_cpu_value(value)
     return value
 
 
@@ -192,6 +196,9 @@ def _untyped_bytes(root: Root, dtype: torch.dtype) -> bool:
 def _take_dtype(root: Root, v: Value, dtype: torch.dtype) -> Value:
     """Retypes an untyped root, once, as the dtype it is first read as: left
     as bytes, every later read would convert them again on the CPU."""
+    if root.shared:  # the same shared memory, typed
+        root.share(root.value.reshape(-1).view(dtype))
+        return _current(root)
     typed = _bytes_as(v, dtype)
     root.set(from_cpu_value(typed) if dtype in TO_ENGINE else typed)
     return root.value

@@ -1,14 +1,18 @@
 """`tpu` tensors crossing processes through `torch.multiprocessing` (queues,
-pipes, pool arguments, DataLoader workers).
+pipes, pool arguments, DataLoader workers, `spawn` arguments).
 
 PyTorch hands a CUDA storage to another process as an IPC handle to the same
-device memory. A `tpu` storage's value lives in this process's engine, which
-no other process can map, so it travels as a copy: its bytes go through a
-CPU storage in shared memory (PyTorch's own CPU sharing: a file descriptor
-or a file name, whichever strategy is set), and the receiver uploads them
-into a storage of its own. Views sent together still share one storage on
-arrival, as they do for CPU tensors; writes made after sending are not seen
-by the other process (with CUDA they would be).
+device memory, so both processes see each other's writes (Hogwild training
+relies on it). A `tpu` storage's value lives in this process's engine, which
+no other process can reach; so sending one moves its value into CPU shared
+memory (PyTorch's own CPU sharing: a file descriptor or a file name,
+whichever strategy is set), and from then on the storage, here and in every
+process it reaches, lives there (`Root.share`): a read takes a snapshot of
+the shared memory, a write materializes its value and copies it in. Writes
+become visible to the other processes once they run, as on CUDA after a
+synchronize. The price is a host copy per read and per write of a shared
+storage; unshared storages are not affected. Views sent together still share
+one storage on arrival. A shared storage cannot be resized, as on the CPU.
 
 Plain `pickle` and `copy.deepcopy` need nothing here: PyTorch's storage
 pickling and cloning work on `tpu` as on CUDA.
@@ -31,6 +35,8 @@ from typing import Any, Callable
 import torch
 from torch.multiprocessing import reductions
 
+from . import _handles
+
 
 def _reduce_storage(storage: torch.UntypedStorage) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     if storage.device.type != "tpu":
@@ -39,14 +45,22 @@ def _reduce_storage(storage: torch.UntypedStorage) -> tuple[Callable[..., Any], 
     if nbytes == 0:
         # Shared memory cannot map zero bytes (PyTorch special-cases these too).
         return (_rebuild_empty, ())
-    shared = torch.UntypedStorage._new_shared(nbytes)
-    shared.copy_(storage)
-    # The shared CPU storage is pickled in turn, by PyTorch's own reducer.
-    return (_rebuild_on_tpu, (shared,))
+    root = _handles.root_of(torch.empty(0, dtype=torch.uint8, device="tpu").set_(storage))
+    if not root.shared:
+        current = _handles.to_cpu_value(_handles._current(root)).reshape(root.shape)
+        root.share(current.clone().share_memory_())
+    # The shared CPU tensor is pickled in turn, by PyTorch's own reducer.
+    return (_rebuild_on_tpu, (root.value, nbytes))
 
 
-def _rebuild_on_tpu(shared: torch.UntypedStorage) -> torch.UntypedStorage:
-    return shared.to(device=torch.device("tpu", 0))
+def _rebuild_on_tpu(memory: torch.Tensor, nbytes: int) -> torch.UntypedStorage:
+    """A `tpu` storage of `nbytes` whose value is the shared `memory`."""
+    storage = _handles.new_tensor(memory, tuple(memory.shape)).untyped_storage()
+    root = _handles.root_of(torch.empty(0, dtype=torch.uint8, device="tpu").set_(storage))
+    root.share(memory)
+    if storage.nbytes() != nbytes:
+        raise RuntimeError(f"deferfuse: a shared tpu storage of {nbytes} bytes arrived as {storage.nbytes()}")
+    return storage
 
 
 def _rebuild_empty() -> torch.UntypedStorage:
