@@ -92,7 +92,8 @@ impl PyEngine {
             // SAFETY: `source` keeps the memory at `addr` alive until the
             // copy is done; it holds `numel` elements of `dtype`.
             let data = unsafe { host::read(addr, numel, dtype) };
-            drop(source); // released when Python next runs binding code
+            // Dropped without the GIL: pyo3 releases it the next time it holds the GIL.
+            drop(source);
             data
         };
         self.ctx.from_host_async(&shape, dtype, read).map(PyTensor::from).map_err(to_py)
