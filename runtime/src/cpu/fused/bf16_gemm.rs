@@ -99,11 +99,42 @@ pub(crate) fn gemm(
 fn pack_b(b: Operand<'_>, pairs: usize, k: usize, n: usize) -> Vec<u32> {
     let panels = n.div_ceil(NR);
     let mut packed = vec![0u32; panels * pairs * NR];
+    if b.rows == 1 && b.cols != 1 {
+        // Transposed (a weight read through `w.t()`): each column is a run
+        // of pairs.
+        for j in 0..n {
+            let (panel, slot) = (j / NR, j % NR);
+            let column = &b.data[b.offset + j * b.cols..][..k];
+            for (p, pair) in column.chunks(2).enumerate() {
+                let hi = pair.get(1).map_or(0, |h| h.to_bits() as u32);
+                packed[(panel * pairs + p) * NR + slot] = pair[0].to_bits() as u32 | (hi << 16);
+            }
+        }
+        return packed;
+    }
     for (cb, panel) in packed.chunks_exact_mut(pairs * NR).enumerate() {
         let j0 = cb * NR;
         let nr = NR.min(n - j0);
         for p in 0..pairs {
             let slots = &mut panel[p * NR..p * NR + nr];
+            if b.cols == 1 {
+                // Row-major: two rows, read as runs.
+                let row = |i: usize| &b.data[b.offset + i * b.rows + j0..][..nr];
+                let lo = row(2 * p);
+                match (2 * p + 1 < k).then(|| row(2 * p + 1)) {
+                    Some(hi) => {
+                        for ((slot, &l), &h) in slots.iter_mut().zip(lo).zip(hi) {
+                            *slot = l.to_bits() as u32 | ((h.to_bits() as u32) << 16);
+                        }
+                    }
+                    None => {
+                        for (slot, &l) in slots.iter_mut().zip(lo) {
+                            *slot = l.to_bits() as u32;
+                        }
+                    }
+                }
+                continue;
+            }
             for (j, slot) in slots.iter_mut().enumerate() {
                 let lo = b.bits(2 * p, j0 + j);
                 let hi = if 2 * p + 1 < k { b.bits(2 * p + 1, j0 + j) } else { 0 };
@@ -117,6 +148,17 @@ fn pack_b(b: Operand<'_>, pairs: usize, k: usize, n: usize) -> Vec<u32> {
 /// Rows `i0..i0 + mr` of `a`: slot (p, r) holds columns 2p and 2p + 1 of row r.
 fn pack_a(a: Operand<'_>, i0: usize, mr: usize, pairs: usize, k: usize) -> Vec<u32> {
     let mut packed = vec![0u32; pairs * MR];
+    if a.cols == 1 {
+        // Row-major: each row is a run of pairs.
+        for r in 0..mr {
+            let row = &a.data[a.offset + (i0 + r) * a.rows..][..k];
+            for (p, pair) in row.chunks(2).enumerate() {
+                let hi = pair.get(1).map_or(0, |h| h.to_bits() as u32);
+                packed[p * MR + r] = pair[0].to_bits() as u32 | (hi << 16);
+            }
+        }
+        return packed;
+    }
     for p in 0..pairs {
         for r in 0..mr {
             let lo = a.bits(i0 + r, 2 * p);
@@ -168,35 +210,42 @@ mod tests {
     }
 
     /// Against an f64 product of the same bf16 values, for ragged tiles, an
-    /// odd `k`, a transposed `b` and an offset `a`, single- and multi-threaded.
+    /// odd `k`, row-major and transposed operands and an offset `a`, single-
+    /// and multi-threaded.
     #[test]
     fn products_match_an_f64_reference() {
         if !available() {
             eprintln!("skipped: this CPU has no AVX-512 BF16");
             return;
         }
-        for (m, k, n) in [(1, 1, 1), (9, 7, 33), (17, 64, 70), (130, 257, 100)] {
+        let shapes = [(1, 1, 1), (9, 7, 33), (17, 64, 70), (130, 257, 100)];
+        for ((m, k, n), ta, tb) in
+            shapes.into_iter().flat_map(|s| [(s, false, true), (s, true, false), (s, false, false)])
+        {
             let a = random_bf16(3 + m * k, 1);
             let b = random_bf16(k * n, 2);
-            let av = Operand { data: &a, offset: 3, rows: k, cols: 1 };
-            // b read transposed: stored [n, k], viewed [k, n].
-            let bv = Operand { data: &b, offset: 0, rows: 1, cols: k };
+            // a: stored [m, k] after an offset of 3, or [k, m] and read transposed.
+            let av = match ta {
+                false => Operand { data: &a, offset: 3, rows: k, cols: 1 },
+                true => Operand { data: &a, offset: 3, rows: 1, cols: m },
+            };
+            // b: stored [k, n], or [n, k] and read transposed.
+            let bv = match tb {
+                false => Operand { data: &b, offset: 0, rows: n, cols: 1 },
+                true => Operand { data: &b, offset: 0, rows: 1, cols: k },
+            };
+            let at = |i: usize, p: usize| {
+                f64::from(av.data[av.offset + i * av.rows + p * av.cols].to_f32())
+            };
+            let bt = |p: usize, j: usize| {
+                f64::from(bv.data[bv.offset + p * bv.rows + j * bv.cols].to_f32())
+            };
             let mut dst = vec![f32::NAN; m * n];
             gemm(&mut dst, av, bv, (m, k, n));
             for i in 0..m {
                 for j in 0..n {
-                    let want: f64 = (0..k)
-                        .map(|p| {
-                            f64::from(a[3 + i * k + p].to_f32()) * f64::from(b[j * k + p].to_f32())
-                        })
-                        .sum();
-                    let scale: f64 = (0..k)
-                        .map(|p| {
-                            (f64::from(a[3 + i * k + p].to_f32())
-                                * f64::from(b[j * k + p].to_f32()))
-                            .abs()
-                        })
-                        .sum();
+                    let want: f64 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                    let scale: f64 = (0..k).map(|p| (at(i, p) * bt(p, j)).abs()).sum();
                     // f32 accumulation of k exact products: k ulps of the absolute sum.
                     let tol = scale * k as f64 * f64::from(f32::EPSILON) + 1e-30;
                     let got = f64::from(dst[i * n + j]);
