@@ -81,6 +81,7 @@ impl PyEngine {
     /// is the caller's race, as on CUDA.
     fn tensor_from_pinned(
         &self,
+        py: Python<'_>,
         source: Py<PyAny>,
         addr: usize,
         shape: Vec<usize>,
@@ -96,7 +97,10 @@ impl PyEngine {
             drop(source);
             data
         };
-        self.ctx.from_host_async(&shape, dtype, read).map(PyTensor::from).map_err(to_py)
+        // Without the GIL: a DeferAndFuse upload may wait for room on the stream.
+        py.allow_threads(|| self.ctx.from_host_async(&shape, dtype, read))
+            .map(PyTensor::from)
+            .map_err(to_py)
     }
 
     /// A constant (part of the trace, unlike scalar operands).

@@ -148,6 +148,19 @@ fn pack_b(b: Operand<'_>, pairs: usize, k: usize, n: usize) -> Vec<u32> {
 /// Rows `i0..i0 + mr` of `a`: slot (p, r) holds columns 2p and 2p + 1 of row r.
 fn pack_a(a: Operand<'_>, i0: usize, mr: usize, pairs: usize, k: usize) -> Vec<u32> {
     let mut packed = vec![0u32; pairs * MR];
+    if a.rows == 1 && a.cols != 1 {
+        // Transposed (an activation read through `x.t()`, as a weight
+        // gradient reads it): rows 2p and 2p + 1 of `a` are two runs.
+        for p in 0..pairs {
+            let run = |c: usize| &a.data[a.offset + c * a.cols + i0..][..mr];
+            let (lo, hi) = (run(2 * p), (2 * p + 1 < k).then(|| run(2 * p + 1)));
+            for (r, slot) in packed[p * MR..p * MR + mr].iter_mut().enumerate() {
+                let h = hi.map_or(0, |h| h[r].to_bits() as u32);
+                *slot = lo[r].to_bits() as u32 | (h << 16);
+            }
+        }
+        return packed;
+    }
     if a.cols == 1 {
         // Row-major: each row is a run of pairs.
         for r in 0..mr {
