@@ -122,7 +122,7 @@ impl Context {
         read: impl FnOnce() -> HostData + Send + 'static,
     ) -> Result<Tensor> {
         let meta = Meta::new(shape.into(), dtype);
-        let value = self.shared.upload_async(meta, Box::new(move || Ok(read())))?;
+        let value = self.shared.upload_async(meta, read)?;
         Ok(Tensor::new(self.shared.clone(), value))
     }
 

@@ -168,12 +168,12 @@ impl Shared {
     pub fn upload_async(
         &self,
         meta: Meta,
-        read: Box<dyn FnOnce() -> Result<HostData> + Send>,
+        read: impl FnOnce() -> HostData + Send + 'static,
     ) -> Result<Arc<Value>> {
         let numel = meta.numel();
         let (dtype, shape) = (meta.dtype, meta.shape.to_vec());
         let read: Box<dyn FnOnce() -> Result<HostData> + Send> = Box::new(move || {
-            let data = read()?;
+            let data = read();
             if data.dtype() != dtype {
                 let msg = "the data read has another dtype than the tensor".to_string();
                 return Err(Error::DType {

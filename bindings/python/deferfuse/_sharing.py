@@ -36,6 +36,7 @@ import torch
 from torch.multiprocessing import reductions
 
 from . import _handles
+from ._engine import Root
 
 
 def _reduce_storage(storage: torch.UntypedStorage) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -55,9 +56,9 @@ def _reduce_storage(storage: torch.UntypedStorage) -> tuple[Callable[..., Any], 
 
 def _rebuild_on_tpu(memory: torch.Tensor, nbytes: int) -> torch.UntypedStorage:
     """A `tpu` storage of `nbytes` whose value is the shared `memory`."""
-    storage = _handles.new_tensor(memory, tuple(memory.shape)).untyped_storage()
-    root = _handles.root_of(torch.empty(0, dtype=torch.uint8, device="tpu").set_(storage))
+    root = Root(memory)
     root.share(memory)
+    storage = _handles._bridge.new_tensor(tuple(memory.shape), memory.dtype, root).untyped_storage()
     if storage.nbytes() != nbytes:
         raise RuntimeError(f"deferfuse: a shared tpu storage of {nbytes} bytes arrived as {storage.nbytes()}")
     return storage
