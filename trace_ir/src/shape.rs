@@ -40,6 +40,10 @@ pub fn contiguous_strides(dims: &[usize]) -> SmallVec<[usize; 6]> {
 /// NumPy/PyTorch broadcasting of two shapes: dimensions are aligned on the
 /// right and each pair must be equal or contain a 1.
 pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize]) -> Result<Shape> {
+    if a == b {
+        // Most binary ops meet operands of one shape: no per-dimension walk.
+        return Ok(Shape::from_slice(a));
+    }
     let rank = a.len().max(b.len());
     let mut out = Shape::from_elem(1, rank);
     for i in 0..rank {

@@ -187,6 +187,10 @@ impl NormForm {
         let (wp, bp) = (pattern(self.w), pattern(self.b));
         let eps = rs.scalars[self.eps];
         let mut q = std::mem::take(&mut s.elem[slot[self.q]]);
+        // An output much larger than the caches is written with streaming
+        // stores: a plain store first reads the line it writes (a third of
+        // the traffic), and the rows would evict the input from L3 anyway.
+        let stream = rs.shape.iter().product::<usize>() * 4 >= STREAM_BYTES;
         for i in 0..t.nr {
             let at = t.start + i * cols;
             // SAFETY: row `at..at + cols` is in bounds of the input, and of
@@ -211,6 +215,12 @@ impl NormForm {
             let r = 1.0 / ve.sqrt();
             let (w, b) = (wp.map(|p| &s.elem[p][..cols]), bp.map(|p| &s.elem[p][..cols]));
             match source {
+                Source::Input(_) if stream => {
+                    // Formed in L1, then streamed past the caches (see `stream`).
+                    finish(q.iter_mut().zip(x.iter().copied()), m, r, w, b);
+                    // SAFETY: see above; the output does not alias the input.
+                    unsafe { stream_row(row, q) };
+                }
                 Source::Input(_) => {
                     // SAFETY: see above; the output does not alias the input.
                     let out = unsafe { std::slice::from_raw_parts_mut(row, cols) };
@@ -230,7 +240,42 @@ impl NormForm {
             }
         }
         s.elem[slot[self.q]] = q;
+        if stream {
+            // Streaming stores are weakly ordered: they are made visible
+            // before the tile is reported done.
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a fence has no preconditions.
+            unsafe {
+                std::arch::x86_64::_mm_sfence()
+            };
+        }
     }
+}
+
+/// Outputs of at least this many bytes are streamed (see [`NormForm::tile`]).
+const STREAM_BYTES: usize = 8 << 20;
+
+/// Writes `row` to `dst` with streaming stores where `dst` is aligned for
+/// them, plain stores elsewhere.
+///
+/// # Safety
+/// `dst` is valid for `row.len()` writes and overlaps nothing `row` is in.
+#[inline(always)]
+unsafe fn stream_row(dst: *mut f32, row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+        let head = (dst.align_offset(16)).min(row.len());
+        std::ptr::copy_nonoverlapping(row.as_ptr(), dst, head);
+        let body = (row.len() - head) / 4 * 4;
+        for i in (head..head + body).step_by(4) {
+            _mm_stream_ps(dst.add(i), _mm_loadu_ps(row.as_ptr().add(i)));
+        }
+        let done = head + body;
+        std::ptr::copy_nonoverlapping(row.as_ptr().add(done), dst.add(done), row.len() - done);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    std::ptr::copy_nonoverlapping(row.as_ptr(), dst, row.len());
 }
 
 /// The rows of a LayerNorm: read from an input, or from the output's own
@@ -382,19 +427,24 @@ mod tests {
         (kernel, outputs)
     }
 
+    /// Runs `exec`; with `donate`, the inputs are the program's alone, and
+    /// the output may take the memory of the row input.
     fn run(
         exec: &LoopExec,
         inputs: &[Vec<f32>],
         metas: &[Meta],
         planned: &[usize],
+        donate: bool,
     ) -> Vec<Vec<f32>> {
         let tracker = MemoryTracker::new();
-        let buffers = inputs
+        let buffers: Vec<Arc<Buffer>> = inputs
             .iter()
             .zip(metas)
             .map(|(v, m)| Arc::new(Buffer::host(m.clone(), HostData::F32(v.clone()), &tracker)))
             .collect();
+        let held = (!donate).then(|| buffers.clone());
         let outs = exec.run(buffers, None, planned, &tracker, Isa::detect()).unwrap();
+        drop(held);
         outs.iter()
             .map(|b| match b.host_data() {
                 Some(HostData::F32(v)) => v.clone(),
@@ -407,7 +457,8 @@ mod tests {
     /// bits: rows narrower and wider than a tile, one column, rows split
     /// across threads, with and without the affine part and the stored
     /// statistics, on values with a large common offset (where the
-    /// centring matters).
+    /// centring matters), and an output large enough to be streamed, with
+    /// rows that start off the streaming stores' alignment.
     #[test]
     fn rows_match_the_interpreter_bit_for_bit() {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -417,7 +468,9 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 3.0
         };
-        for (rows, cols) in [(3, 1), (5, 7), (64, 64), (200, 768), (300, 1024), (2, TILE + 5)] {
+        for (rows, cols) in
+            [(3, 1), (5, 7), (64, 64), (200, 768), (300, 1024), (2, TILE + 5), (2051, 1023)]
+        {
             for (affine, swap) in [(false, false), (true, false), (true, true)] {
                 for stats in [false, true] {
                     let (kernel, outputs) = layer_norm(rows, cols, affine, stats, swap);
@@ -437,18 +490,18 @@ mod tests {
                     let mut slow = LoopExec::new(&kernel, metas.clone(), outputs, false).unwrap();
                     slow.norm = None;
                     let planned = [rows, cols];
-                    let (a, b) = (
-                        run(&fast, &inputs, &metas, &planned),
-                        run(&slow, &inputs, &metas, &planned),
-                    );
-                    for (x, y) in a.iter().zip(&b) {
-                        let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-                        assert!(
+                    let b = run(&slow, &inputs, &metas, &planned, true);
+                    for donate in [false, true] {
+                        let a = run(&fast, &inputs, &metas, &planned, donate);
+                        for (x, y) in a.iter().zip(&b) {
+                            let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+                            assert!(
                             same,
-                            "{rows}x{cols} affine={affine} stats={stats}: {:?} vs {:?}",
+                            "{rows}x{cols} affine={affine} stats={stats} donate={donate}: {:?} vs {:?}",
                             &x[..3.min(x.len())],
                             &y[..3.min(y.len())]
                         );
+                        }
                     }
                 }
             }
