@@ -329,7 +329,9 @@ pub unsafe extern "C" fn call(
         // opens first; in DeferAndFuse the repeat detector cuts the stream
         // only between aten ops.
         let group = ctx.op_group(spec.name);
-        let Some(resolved) = raw.iter().map(|a| resolve(a, &ctx)).collect::<Option<Vec<A>>>()
+        // Inline: most aten ops take a few arguments, and this is the hot path.
+        let Some(resolved) =
+            raw.iter().map(|a| resolve(a, &ctx)).collect::<Option<SmallVec<[A; 8]>>>()
         else {
             return abi::NOT_HANDLED;
         };
