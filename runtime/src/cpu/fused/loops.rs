@@ -17,6 +17,7 @@ use trace_ir::{DType, Meta, Result, Shape};
 
 use super::io::{alloc_output, Access, Data, Donated, Dst};
 use super::norm::NormForm;
+use super::softmax::SoftmaxForm;
 use super::tile::{reduce_const, round_to, run_tile, with_binary, with_unary, Isa};
 use crate::buffer::Buffer;
 use crate::cpu::elem::{row_major, Strides};
@@ -84,6 +85,9 @@ pub(crate) struct LoopExec {
     /// The kernel is a LayerNorm, which runs row by row when its operands
     /// allow (see [`super::norm`]).
     pub(crate) norm: Option<NormForm>,
+    /// The kernel is a softmax, which runs row by row when its operands
+    /// allow (see [`super::softmax`]).
+    pub(crate) softmax: Option<SoftmaxForm>,
 }
 
 /// What one run shares with every tile.
@@ -99,6 +103,8 @@ pub(crate) struct RunState<'a> {
     pub outputs: Vec<Dst>,
     /// This run's LayerNorm form, when it runs row by row.
     pub norm: Option<NormForm>,
+    /// This run's softmax form, when it runs row by row.
+    pub softmax: Option<SoftmaxForm>,
 }
 
 /// The operand whose memory an output takes (see `LoopExec::donors`).
@@ -554,8 +560,10 @@ impl LoopExec {
         let Schedule { slot, n_elem, n_row, scalar_order, tile_order, after_reduce, chunked } =
             schedule(&kernel.instrs, &level, &stored, kernel.row_dims)?;
         let norm = NormForm::recognize(kernel, &level, &stores);
+        let softmax = SoftmaxForm::recognize(kernel, &level, &stores);
         Ok(LoopExec {
             norm,
+            softmax,
             after_reduce,
             chunked,
             kernel: kernel.clone(),
@@ -920,8 +928,17 @@ impl LoopExec {
             _ => cols,
         };
         let homes = self.homes(&loads, &dsts, (&shape, step), &donated);
-        let mut rs =
-            RunState { shape, outer, cols, scalars, loads, homes, outputs: dsts, norm: None };
+        let mut rs = RunState {
+            shape,
+            outer,
+            cols,
+            scalars,
+            loads,
+            homes,
+            outputs: dsts,
+            norm: None,
+            softmax: None,
+        };
         // Tiles.
         let (ntiles, per) = if k == 0 {
             (total.div_ceil(TILE), TILE)
@@ -950,6 +967,7 @@ impl LoopExec {
             (per * cols, per)
         };
         rs.norm = self.norm.filter(|f| !chunked && f.fits(&rs, elem_cap));
+        rs.softmax = self.softmax.filter(|f| !chunked && elem_cap >= rs.cols && f.fits(&rs));
         let has_where = self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. }));
         let repeated: Vec<(usize, usize)> = (0..rs.homes.len())
             .filter_map(|reg| match rs.homes[reg] {

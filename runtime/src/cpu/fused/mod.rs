@@ -10,6 +10,7 @@ pub(crate) mod io;
 pub(crate) mod loops;
 pub mod math;
 pub(crate) mod norm;
+pub(crate) mod softmax;
 pub(crate) mod tile;
 
 pub(crate) use gemm::MatMulExec;

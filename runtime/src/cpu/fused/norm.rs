@@ -253,7 +253,7 @@ impl NormForm {
 }
 
 /// Outputs of at least this many bytes are streamed (see [`NormForm::tile`]).
-const STREAM_BYTES: usize = 8 << 20;
+pub(super) const STREAM_BYTES: usize = 8 << 20;
 
 /// Writes `row` to `dst` with streaming stores where `dst` is aligned for
 /// them, plain stores elsewhere.
@@ -261,7 +261,7 @@ const STREAM_BYTES: usize = 8 << 20;
 /// # Safety
 /// `dst` is valid for `row.len()` writes and overlaps nothing `row` is in.
 #[inline(always)]
-unsafe fn stream_row(dst: *mut f32, row: &[f32]) {
+pub(super) unsafe fn stream_row(dst: *mut f32, row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
@@ -344,7 +344,7 @@ impl Out for *mut f32 {
 /// buffer they are simply not there) to be cached, so that they arrive
 /// while this row computes.
 #[inline(always)]
-fn prefetch(p: *const f32, n: usize) {
+pub(super) fn prefetch(p: *const f32, n: usize) {
     #[cfg(target_arch = "x86_64")]
     for i in (0..n).step_by(16) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -357,7 +357,7 @@ fn prefetch(p: *const f32, n: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use rewrite_rules::program::{Frame, Instr, LoopKernel, Store, View};
@@ -369,10 +369,10 @@ mod tests {
     use crate::host_data::HostData;
     use crate::memory::MemoryTracker;
 
-    fn load(input: usize) -> Instr {
+    pub(crate) fn load(input: usize) -> Instr {
         Instr::Load { input, view: View::Direct, frame: Frame::Elem }
     }
-    fn bin(op: BinaryOp, a: usize, b: usize) -> Instr {
+    pub(crate) fn bin(op: BinaryOp, a: usize, b: usize) -> Instr {
         Instr::Binary { op, a, b }
     }
     fn mean(x: usize) -> Instr {
@@ -429,7 +429,7 @@ mod tests {
 
     /// Runs `exec`; with `donate`, the inputs are the program's alone, and
     /// the output may take the memory of the row input.
-    fn run(
+    pub(crate) fn run(
         exec: &LoopExec,
         inputs: &[Vec<f32>],
         metas: &[Meta],

@@ -500,6 +500,10 @@ fn tile_body<const FMA: bool>(exec: &LoopExec, rs: &RunState<'_>, s: &mut Scratc
         norm.tile(&exec.slot, rs, s, t);
         return store(exec, rs, s, t, |l| l == Level::Row);
     }
+    if let Some(softmax) = &rs.softmax {
+        // Its one store, the result, is written row by row.
+        return softmax.tile::<FMA>(&exec.slot, rs, s, t);
+    }
     for &reg in &exec.tile_order {
         exec_instr::<FMA>(exec, rs, s, t, reg, rs.cols);
     }
