@@ -967,7 +967,7 @@ impl LoopExec {
             (per * cols, per)
         };
         rs.norm = self.norm.filter(|f| !chunked && f.fits(&rs, elem_cap));
-        rs.softmax = self.softmax.filter(|f| !chunked && elem_cap >= rs.cols && f.fits(&rs));
+        rs.softmax = self.softmax.filter(|f| !chunked && f.fits(&rs, elem_cap));
         let has_where = self.kernel.instrs.iter().any(|i| matches!(i, Instr::Where { .. }));
         let repeated: Vec<(usize, usize)> = (0..rs.homes.len())
             .filter_map(|reg| match rs.homes[reg] {

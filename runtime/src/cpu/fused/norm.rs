@@ -145,7 +145,7 @@ impl NormForm {
         let repeated = |g: Option<Reg>| {
             g.is_none_or(|g| matches!(rs.homes[g], Home::Repeated(_)) && elem_cap >= rs.cols)
         };
-        let output = match self.source(rs) {
+        let output = match Source::of(rs, self.x) {
             Some(Source::Input(_)) => rs.homes[self.out] == Home::Output(self.out_index),
             // Donated: the output's memory is the input's.
             Some(Source::Donated(p)) => {
@@ -160,25 +160,12 @@ impl NormForm {
             && rs.cols > 0
     }
 
-    /// Where the rows come from.
-    fn source<'a>(&self, rs: &RunState<'a>) -> Option<Source<'a>> {
-        match (rs.homes[self.x], &rs.loads[self.x]) {
-            (Home::Input(d), _) => Some(Source::Input(d)),
-            (_, LoadRt { data: Data::F32Donated(d), access: Access::Contig { offset } })
-                if *offset == 0 =>
-            {
-                Some(Source::Donated(d.ptr))
-            }
-            _ => None,
-        }
-    }
-
     /// Runs tile `t` row by row. Per-row statistics the kernel stores are
     /// left in their row registers, for the caller's row stores.
     #[inline(always)]
     pub(crate) fn tile(&self, slot: &[usize], rs: &RunState<'_>, s: &mut Scratch, t: Tile) {
         let cols = rs.cols;
-        let Some(source) = self.source(rs) else { return };
+        let Some(source) = Source::of(rs, self.x) else { return };
         let Dst::F32(out) = rs.outputs[self.out_index] else { return };
         let pattern = |g: Option<Reg>| match g.map(|g| rs.homes[g]) {
             Some(Home::Repeated(p)) => Some(p),
@@ -187,23 +174,13 @@ impl NormForm {
         let (wp, bp) = (pattern(self.w), pattern(self.b));
         let eps = rs.scalars[self.eps];
         let mut q = std::mem::take(&mut s.elem[slot[self.q]]);
-        // An output much larger than the caches is written with streaming
-        // stores: a plain store first reads the line it writes (a third of
-        // the traffic), and the rows would evict the input from L3 anyway.
-        let stream = rs.shape.iter().product::<usize>() * 4 >= STREAM_BYTES;
+        let stream = streamed(rs);
         for i in 0..t.nr {
             let at = t.start + i * cols;
             // SAFETY: row `at..at + cols` is in bounds of the input, and of
             // the output, which only this tile writes; a donated input is
             // only read through `x` before `row` is formed.
-            let (x, row) = unsafe {
-                let x = match source {
-                    Source::Input(d) => &d[at..at + cols],
-                    Source::Donated(p) => std::slice::from_raw_parts(p.add(at), cols),
-                };
-                prefetch(x.as_ptr().wrapping_add(cols), cols);
-                (x, out.add(at))
-            };
+            let (x, row) = unsafe { (source.row(at, cols), out.add(at)) };
             let m = reduce_row(ReduceOp::Mean, x);
             let q = &mut q[..cols];
             for (o, &v) in q.iter_mut().zip(x) {
@@ -241,19 +218,28 @@ impl NormForm {
         }
         s.elem[slot[self.q]] = q;
         if stream {
-            // Streaming stores are weakly ordered: they are made visible
-            // before the tile is reported done.
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a fence has no preconditions.
-            unsafe {
-                std::arch::x86_64::_mm_sfence()
-            };
+            end_streaming();
         }
     }
 }
 
-/// Outputs of at least this many bytes are streamed (see [`NormForm::tile`]).
-pub(super) const STREAM_BYTES: usize = 8 << 20;
+/// Whether this run's output is written with [`stream_row`]: an output much
+/// larger than the caches, where a plain store would first read the line it
+/// writes (a third of the traffic) and the rows would evict the input from
+/// L3 anyway.
+pub(super) fn streamed(rs: &RunState<'_>) -> bool {
+    rs.shape.iter().product::<usize>() * 4 >= 8 << 20
+}
+
+/// Makes a tile's streaming stores, which are weakly ordered, visible
+/// before the tile is reported done.
+pub(super) fn end_streaming() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a fence has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
 
 /// Writes `row` to `dst` with streaming stores where `dst` is aligned for
 /// them, plain stores elsewhere.
@@ -265,7 +251,7 @@ pub(super) unsafe fn stream_row(dst: *mut f32, row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
-        let head = (dst.align_offset(16)).min(row.len());
+        let head = dst.align_offset(16).min(row.len());
         std::ptr::copy_nonoverlapping(row.as_ptr(), dst, head);
         let body = (row.len() - head) / 4 * 4;
         for i in (head..head + body).step_by(4) {
@@ -278,12 +264,43 @@ pub(super) unsafe fn stream_row(dst: *mut f32, row: &[f32]) {
     std::ptr::copy_nonoverlapping(row.as_ptr(), dst, row.len());
 }
 
-/// The rows of a LayerNorm: read from an input, or from the output's own
-/// memory (a donated input).
+/// The rows of a row kernel (a LayerNorm, a softmax): read from an input,
+/// or from the output's own memory (a donated input).
 #[derive(Clone, Copy)]
-enum Source<'a> {
+pub(super) enum Source<'a> {
     Input(&'a [f32]),
     Donated(*mut f32),
+}
+
+impl<'a> Source<'a> {
+    /// Where register `x`'s rows come from: a contiguous f32 input read in
+    /// place, or one donated to the output.
+    pub(super) fn of(rs: &RunState<'a>, x: Reg) -> Option<Source<'a>> {
+        match (rs.homes[x], &rs.loads[x]) {
+            (Home::Input(d), _) => Some(Source::Input(d)),
+            (_, LoadRt { data: Data::F32Donated(d), access: Access::Contig { offset } })
+                if *offset == 0 =>
+            {
+                Some(Source::Donated(d.ptr))
+            }
+            _ => None,
+        }
+    }
+
+    /// The row of `cols` values at `at`, with the next row prefetched.
+    ///
+    /// # Safety
+    /// `at..at + cols` is in bounds, and a donated row is not written while
+    /// the slice is read.
+    #[inline(always)]
+    pub(super) unsafe fn row(self, at: usize, cols: usize) -> &'a [f32] {
+        let x = match self {
+            Source::Input(d) => &d[at..at + cols],
+            Source::Donated(p) => std::slice::from_raw_parts(p.add(at), cols),
+        };
+        prefetch(x.as_ptr().wrapping_add(cols), cols);
+        x
+    }
 }
 
 /// `out = (x - m) * r [* w] [+ b]` over pairs of (where to write, x).
@@ -344,7 +361,7 @@ impl Out for *mut f32 {
 /// buffer they are simply not there) to be cached, so that they arrive
 /// while this row computes.
 #[inline(always)]
-pub(super) fn prefetch(p: *const f32, n: usize) {
+fn prefetch(p: *const f32, n: usize) {
     #[cfg(target_arch = "x86_64")]
     for i in (0..n).step_by(16) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};

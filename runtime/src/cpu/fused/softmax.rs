@@ -18,9 +18,9 @@
 use rewrite_rules::program::{Instr, LoopKernel, Reg};
 use trace_ir::{BinaryOp, ReduceOp, UnaryOp};
 
-use super::io::{Access, Data, Dst};
-use super::loops::{Home, Level, LoadRt, RunState, Scratch, StoreLayout, StoreSpec, Tile};
-use super::norm::{prefetch, stream_row, STREAM_BYTES};
+use super::io::Dst;
+use super::loops::{Home, Level, RunState, Scratch, StoreLayout, StoreSpec, Tile};
+use super::norm::{end_streaming, stream_row, streamed, Source};
 use super::tile::reduce_row;
 
 /// The registers of a recognized softmax kernel.
@@ -70,28 +70,17 @@ impl SoftmaxForm {
 
     /// Whether this run's registers live where [`SoftmaxForm::tile`] reads
     /// them: the input contiguous f32 (read in place, or donated to the
-    /// output), the output f32 and computed into directly, `e` in scratch.
-    pub(crate) fn fits(&self, rs: &RunState<'_>) -> bool {
-        let output = match self.source(rs) {
+    /// output), the output f32 and computed into directly, `e` in scratch
+    /// of at least a row (`elem_cap` values).
+    pub(crate) fn fits(&self, rs: &RunState<'_>, elem_cap: usize) -> bool {
+        let output = match Source::of(rs, self.x) {
             Some(Source::Input(_)) => rs.homes[self.out] == Home::Output(self.out_index),
             Some(Source::Donated(p)) => {
                 matches!(rs.outputs[self.out_index], Dst::F32(o) if o == p)
             }
             None => false,
         };
-        output && rs.homes[self.e] == Home::Scratch && rs.cols > 0
-    }
-
-    fn source<'a>(&self, rs: &RunState<'a>) -> Option<Source<'a>> {
-        match (rs.homes[self.x], &rs.loads[self.x]) {
-            (Home::Input(d), _) => Some(Source::Input(d)),
-            (_, LoadRt { data: Data::F32Donated(d), access: Access::Contig { offset } })
-                if *offset == 0 =>
-            {
-                Some(Source::Donated(d.ptr))
-            }
-            _ => None,
-        }
+        output && rs.homes[self.e] == Home::Scratch && rs.cols > 0 && elem_cap >= rs.cols
     }
 
     /// Runs the rows of tile `t`. Inlined into the tile functions, so that
@@ -105,23 +94,16 @@ impl SoftmaxForm {
         t: Tile,
     ) {
         let cols = rs.cols;
-        let Some(source) = self.source(rs) else { return };
+        let Some(source) = Source::of(rs, self.x) else { return };
         let Dst::F32(out) = rs.outputs[self.out_index] else { return };
-        let stream = rs.shape.iter().product::<usize>() * 4 >= STREAM_BYTES;
+        let stream = streamed(rs);
         let mut e = std::mem::take(&mut s.elem[slot[self.e]]);
         for i in 0..t.nr {
             let at = t.start + i * cols;
             // SAFETY: row `at..at + cols` is in bounds of the input and of
             // the output, which only this tile writes; a donated input is
             // read whole into `e` before the row is written.
-            let (x, row) = unsafe {
-                let x = match source {
-                    Source::Input(d) => &d[at..at + cols],
-                    Source::Donated(p) => std::slice::from_raw_parts(p.add(at), cols),
-                };
-                prefetch(x.as_ptr().wrapping_add(cols), cols);
-                (x, out.add(at))
-            };
+            let (x, row) = unsafe { (source.row(at, cols), out.add(at)) };
             let m = reduce_row(ReduceOp::Max, x);
             let e = &mut e[..cols];
             for (o, &v) in e.iter_mut().zip(x) {
@@ -144,21 +126,9 @@ impl SoftmaxForm {
         }
         s.elem[slot[self.e]] = e;
         if stream {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a fence has no preconditions; it orders the streamed
-            // stores before the tile is reported done.
-            unsafe {
-                std::arch::x86_64::_mm_sfence()
-            };
+            end_streaming();
         }
     }
-}
-
-/// The rows of a softmax: read from an input, or from the output's own memory.
-#[derive(Clone, Copy)]
-enum Source<'a> {
-    Input(&'a [f32]),
-    Donated(*mut f32),
 }
 
 #[cfg(test)]
