@@ -228,3 +228,110 @@ def test_a_device_generator_state_is_checked():
     g = torch.Generator(device="tpu")
     with pytest.raises(RuntimeError, match="CPU uint8 tensor of 16 bytes"):
         g.set_state(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_normal_with_tensor_mean_or_std(mode, no_fallback):
+    mean = torch.full((N,), 2.0, device="tpu")
+    std = torch.full((N,), 0.5, device="tpu")
+    for x in (torch.normal(mean, std), torch.normal(mean, 0.5), torch.normal(2.0, std)):
+        x = x.cpu()
+        assert x.shape == (N,) and x.dtype == torch.float32
+        assert _ks((x - 2.0) / 0.5, _normal_cdf) < KS_CRITICAL
+    # Broadcast, per element: a row of means against a column of stds.
+    rows = torch.normal(torch.tensor([0.0, 100.0], device="tpu"), torch.ones(500, 1, device="tpu")).cpu()
+    assert rows.shape == (500, 2)
+    assert abs(rows[:, 0].mean().item()) < 0.2 and abs(rows[:, 1].mean().item() - 100.0) < 0.2
+
+
+def test_a_negative_std_tensor_raises_pytorchs_error():
+    with pytest.raises(RuntimeError, match="std"):
+        torch.normal(torch.zeros(4, device="tpu"), torch.tensor([1.0, -1.0, 1.0, 1.0], device="tpu")).cpu()
+
+
+def test_log_normal_cauchy_and_geometric(no_fallback):
+    x = torch.empty(N, device="tpu").log_normal_(1.0, 0.5).cpu()
+    assert x.min().item() > 0 and _ks((x.log() - 1.0) / 0.5, _normal_cdf) < KS_CRITICAL
+    c = torch.empty(N, device="tpu").cauchy_(1.0, 2.0).cpu()
+    assert _ks(c, lambda v: 0.5 + torch.atan((v - 1.0) / 2.0) / math.pi) < KS_CRITICAL
+    g = torch.empty(N, device="tpu").geometric_(0.25).cpu()
+    assert g.min().item() == 1.0 and torch.equal(g, g.round())
+    assert abs(g.mean().item() - 4.0) < 0.15  # mean 1/p, sd sqrt(1-p)/p = 3.5
+    assert abs((g == 1).double().mean().item() - 0.25) < 0.02
+
+
+@pytest.mark.parametrize(
+    "dtype,top",
+    [(torch.int64, 2**63 - 1), (torch.int32, 2**31 - 1), (torch.float32, 2**24), (torch.bfloat16, 256)],
+)
+def test_random_without_bounds_covers_the_dtypes_range(dtype, top, no_fallback):
+    r = torch.empty(N, device="tpu", dtype=dtype).random_().cpu()
+    assert r.dtype == dtype
+    assert r.min().item() >= 0 and r.max().item() <= top
+    # Uniform over [0, top]: the mean of value / top is 1/2, and the top
+    # bits are used (the largest draw is near the top).
+    scaled = r.double() / top
+    assert abs(scaled.mean().item() - 0.5) < 0.01
+    assert scaled.max().item() > 0.99
+    if dtype.is_floating_point:
+        assert torch.equal(r, r.round())
+    b = torch.empty(1000, device="tpu", dtype=torch.bool).random_().cpu()
+    assert 0.4 < b.double().mean().item() < 0.6
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000])
+def test_randperm_is_a_permutation(n, mode, no_fallback):
+    torch.manual_seed(8)
+    p = torch.randperm(n, device="tpu").cpu()
+    assert p.dtype == torch.int64 and torch.equal(p.sort().values, torch.arange(n))
+    torch.manual_seed(8)
+    assert torch.equal(torch.randperm(n, device="tpu").cpu(), p)
+    assert torch.randperm(0, device="tpu").cpu().shape == (0,)
+
+
+def test_randperm_places_each_element_uniformly(no_fallback):
+    # Where element 0 lands over many permutations of 6: uniform over the
+    # six slots (chi-square, 5 degrees of freedom, 0.1% level: 20.52); 600
+    # uniform draws of the 720 permutations show about 407 distinct ones.
+    draws = torch.stack([torch.randperm(6, device="tpu", dtype=torch.int32) for _ in range(600)]).cpu()
+    assert draws.dtype == torch.int32
+    slots = (draws == 0).int().argmax(dim=1)
+    counts = torch.bincount(slots, minlength=6).double()
+    assert ((counts - 100) ** 2 / 100).sum().item() < 20.52
+    assert len({tuple(row.tolist()) for row in draws}) > 370
+
+
+def test_multinomial_draws_categories_by_weight(mode, no_fallback):
+    weights = torch.tensor([[1.0, 0.0, 3.0, 4.0], [0.0, 0.0, 1.0, 1.0]], device="tpu")
+    draws = torch.multinomial(weights, 5000, replacement=True).cpu()
+    assert draws.shape == (2, 5000) and draws.dtype == torch.int64
+    counts = torch.stack([torch.bincount(r, minlength=4) for r in draws]).double()
+    expected = torch.tensor([[625.0, 0.0, 1875.0, 2500.0], [0.0, 0.0, 2500.0, 2500.0]])
+    assert counts[0, 1] == 0 and counts[1, :2].sum() == 0
+    keep = expected > 0
+    chi2 = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum().item()
+    assert chi2 < 22.46  # chi-square, 4 degrees of freedom, 0.1% level: 18.47 (+ margin for 2 rows)
+    one = torch.multinomial(torch.tensor([0.0, 2.0, 0.0], device="tpu"), 1).cpu()
+    assert one.tolist() == [1]
+
+
+def test_multinomial_without_replacement_draws_distinct_categories(no_fallback):
+    torch.manual_seed(2)
+    w = torch.tensor([5.0, 1.0, 1.0, 1.0, 0.0, 2.0], device="tpu")
+    draws = torch.stack([torch.multinomial(w, 3) for _ in range(400)]).cpu()
+    assert all(len(set(row.tolist())) == 3 for row in draws)
+    assert (draws != 4).all()  # weight 0 is never drawn
+    # The heaviest category comes first most often: P = 5/10.
+    assert abs((draws[:, 0] == 0).double().mean().item() - 0.5) < 0.1
+    # Fewer positive weights than draws: then the zero ones in order, as on CPU.
+    assert torch.multinomial(torch.tensor([1.0, 0.0, 0.0], device="tpu"), 2).cpu().tolist() == [0, 1]
+    full = torch.multinomial(torch.ones(3, 5, device="tpu"), 5).cpu()
+    assert torch.equal(full.sort(dim=1).values, torch.arange(5).expand(3, 5))
+
+
+@pytest.mark.parametrize(
+    "weights,k,replacement",
+    [([1.0, -1.0], 1, True), ([0.0, 0.0], 1, True), ([1.0, float("nan")], 1, False), ([0.0, 0.0], 2, False)],
+)
+def test_invalid_multinomial_weights_raise_pytorchs_error(weights, k, replacement):
+    with pytest.raises(RuntimeError):
+        torch.multinomial(torch.tensor(weights, device="tpu"), k, replacement).cpu()

@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from .. import _generator
 from .._engine import Tensor as ET
-from ._registry import Unsupported, eng, lower
+from ._registry import Unsupported, broadcast_batch, dt, eng, lower
+from .sorting import _check_square, _place, _ranks, _refuse_if
 
 _HALF = 4096.0  # 2^12: one Feistel half
 _PRIME = 4093.0  # the largest prime whose square is below 2^24
@@ -169,6 +172,83 @@ def native_dropout(input: ET, p: float, train: bool | None) -> tuple[ET, ET]:
     return scaled, keep
 
 
+def _open01(shape: list[int], generator: Any) -> ET:
+    """f32 uniform values on (0, 1]: their log is finite and at most 0."""
+    return uniform01(shape, generator=generator).binary("mul", -1.0).binary("add", 1.0)
+
+
+def _normal_of(mean: Any, std: Any, generator: Any) -> ET:
+    """`torch.normal` with a tensor mean or std: one draw per element of
+    their broadcast shape, in the dtype of the tensor operand (mean first)."""
+    tensors = [v for v in (mean, std) if isinstance(v, ET)]
+    if len(tensors) != sum(hasattr(v, "shape") for v in (mean, std)):
+        raise Unsupported("a mean or std that is not on tpu")
+    dtype = _float_dtype(tensors[0])
+    shape = broadcast_batch(list(tensors[0].shape), list(tensors[-1].shape))
+    if isinstance(std, ET):
+        # PyTorch raises for a negative std; one flag read sends it to the CPU.
+        if math.prod(std.shape):
+            _refuse_if(std.binary("lt", 0.0), "a negative std (the CPU raises PyTorch's error)")
+        std = std.cast("f32")
+    elif std < 0:
+        raise Unsupported("negative std (the CPU raises PyTorch's error)")
+    if isinstance(mean, ET):
+        mean = mean.cast("f32")
+    z = standard_normal(shape, _device_generator(generator))
+    return z.binary("mul", std).binary("add", mean).cast(dtype)
+
+
+@lower("normal.Tensor_Tensor")
+def normal_tensor_tensor(mean: ET, std: ET, *, generator: Any = None) -> ET:
+    return _normal_of(mean, std, generator)
+
+
+@lower("normal.Tensor_float")
+def normal_tensor_float(mean: ET, std: float = 1.0, *, generator: Any = None) -> ET:
+    return _normal_of(mean, float(std), generator)
+
+
+@lower("normal.float_Tensor")
+def normal_float_tensor(mean: float, std: ET, *, generator: Any = None) -> ET:
+    return _normal_of(float(mean), std, generator)
+
+
+@lower("log_normal.default")
+def log_normal(self: ET, mean: float = 1.0, std: float = 2.0, *, generator: Any = None) -> ET:
+    if not std > 0:
+        raise Unsupported("a std that is not positive (the CPU raises PyTorch's error)")
+    dtype = _float_dtype(self)
+    z = standard_normal(list(self.shape), _device_generator(generator))
+    return z.binary("mul", float(std)).binary("add", float(mean)).unary("exp").cast(dtype)
+
+
+@lower("cauchy.default")
+def cauchy(self: ET, median: float = 0.0, sigma: float = 1.0, *, generator: Any = None) -> ET:
+    """median + sigma * tan(pi * (u - 1/2)), u on (0, 1]: the angle stays
+    inside (-pi/2, pi/2], so the cosine is never 0 but at u = 1 (0 in f32
+    rounding: an infinite draw, as PyTorch's own can be)."""
+    if not sigma > 0:
+        raise Unsupported("a sigma that is not positive (the CPU raises PyTorch's error)")
+    dtype = _float_dtype(self)
+    angle = _open01(list(self.shape), _device_generator(generator)).binary("sub", 0.5).binary("mul", math.pi)
+    tan = angle.unary("sin").binary("div", angle.unary("cos"))
+    return tan.binary("mul", float(sigma)).binary("add", float(median)).cast(dtype)
+
+
+@lower("geometric.default")
+def geometric(self: ET, p: float, *, generator: Any = None) -> ET:
+    """The number of Bernoulli(p) trials up to the first success (1, 2, ...):
+    ceil(log(u) / log(1 - p)) for u on (0, 1], at least 1."""
+    if not 0.0 < p < 1.0:
+        raise Unsupported(
+            "a probability outside (0, 1) (the CPU raises PyTorch's error, or fills 1 at p = 1)"
+        )
+    u = _open01(list(self.shape), _device_generator(generator))
+    trials = u.unary("log").binary("div", math.log1p(-float(p)))
+    ceil = trials.unary("neg").unary("floor").unary("neg")
+    return ceil.binary("maximum", 1.0).cast(self.dtype)
+
+
 @lower("random.to")
 def random_to(self: ET, to: int, *, generator: Any = None) -> ET:
     return random_int(self, 0, to, generator=generator)
@@ -191,3 +271,134 @@ def random_int(self: ET, from_: int, to: int | None = None, *, generator: Any = 
     if self.dtype in _SIGNIFICAND:
         return steps.binary("add", float(from_)).cast(self.dtype)
     return steps.cast("i64").binary("add", int(from_)).cast(self.dtype)
+
+
+#: `random_()`'s range without bounds, [0, top]: a float dtype's integers
+#: with no gap (2^significand), an integer dtype's largest value.
+_RANDOM_TOP = {"f32": 1 << 24, "bf16": 1 << 8, "f16": 1 << 11, "i32": (1 << 31) - 1, "i64": (1 << 63) - 1}
+
+
+def _bits(shape: list[int], bits: int, generator: Any) -> ET:
+    """i64 integers of `bits` uniform bits (at most 63): the top bits of
+    24-bit draws, one more draw for every 24 bits."""
+    n = _numel(shape)
+    out = None
+    while bits > 0:
+        take = min(bits, 24)
+        word = _permuted(n, generator)
+        if take < 24:
+            word = word.binary("div", float(1 << (24 - take))).unary("floor")
+        word = word.cast("i64")
+        out = word if out is None else out.binary("mul", 1 << take).binary("add", word)
+        bits -= take
+    assert out is not None
+    return out.reshape(shape)
+
+
+@lower("random.default")
+def random(self: ET, *, generator: Any = None) -> ET:
+    """`random_()`: integers on [0, top] (`_RANDOM_TOP`; bool: 0 or 1).
+    Ranges of a power of two take the draws' top bits, exactly uniform; the
+    others scale a draw to the range (bias below range / 2^24, or 2^-24 for
+    f32's [0, 2^24], which scales a 48-bit draw)."""
+    generator = _device_generator(generator)
+    if self.dtype == "bool":
+        return random_int(self, 0, 2, generator=generator)
+    top = _RANDOM_TOP[self.dtype]
+    if (top + 1) & top == 0:  # 2^b - 1: b bits
+        return _bits(list(self.shape), top.bit_length(), generator).cast(self.dtype)
+    if top < _MAX_ELEMENTS:
+        return random_int(self, 0, top + 1, generator=generator)
+    # floor((a 2^24 + b) (2^24 + 1) / 2^48) for two 24-bit draws a and b is
+    # a, plus 1 where a + b >= 2^24: every step exact in f32.
+    shape = list(self.shape)
+    n = _numel(shape)
+    a, b = _permuted(n, generator), _permuted(n, generator)
+    carry = a.binary("ge", b.binary("mul", -1.0).binary("add", float(_MAX_ELEMENTS)))
+    return a.binary("add", carry.cast("f32")).reshape(shape).cast(self.dtype)
+
+
+# ---- permutations and categorical draws -----------------------------------------
+
+
+@lower("randperm.default", "randperm.generator")
+def randperm(
+    n: int,
+    *,
+    generator: Any = None,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> ET:
+    """The ranks of n distinct keyed draws (`_permuted`): element i is the
+    number of draws below draw i, so the result is a permutation of 0..n-1
+    whose order the keys decide. Costs an n x n comparison, so large n
+    (`ONE_HOT_LIMIT`) runs on the CPU."""
+    generator = _device_generator(generator)
+    name = dt(dtype if dtype is not None else torch.int64)
+    if n < 0 or name == "bool":
+        raise Unsupported("a negative n or a bool randperm (the CPU raises PyTorch's error)")
+    if name in _SIGNIFICAND and n > 1 << _SIGNIFICAND[name]:
+        raise Unsupported("a randperm past the dtype's exact integers")
+    _check_square(1, n)
+    if n == 0:
+        return eng().full(0.0, [0], name)
+    keys = _permuted(n, generator)
+    return _ranks(keys, False).cast(name)
+
+
+#: The key of a zero weight: below every other key, and finite (Debug mode
+#: checks every op's output for infinities).
+_NEVER = -3.0e38
+
+
+def _categorical_keys(weights: ET, draws: list[int], generator: Any) -> ET:
+    """log(w) + Gumbel noise of shape `draws` (the weights broadcast to it):
+    the largest key of a row is a draw from the categorical distribution of
+    its weights, and the k largest are k draws without replacement in the
+    order they were drawn (the Gumbel-max and Gumbel-top-k tricks). u takes
+    23 bits plus half a step, so it lies inside (0, 1) and both logs are
+    finite; a zero weight's key is `_NEVER`."""
+    w = weights.cast("f32")
+    positive = w.binary("gt", 0.0)
+    log_w = positive.where_(w, eng().full(1.0, [], "f32")).unary("log")
+    u = uniform01(draws, 23, generator).binary("add", 2.0**-24)
+    gumbel = u.unary("log").unary("neg").unary("log").unary("neg")
+    return positive.where_(log_w, eng().full(_NEVER, [], "f32")).binary("add", gumbel)
+
+
+@lower("multinomial.default")
+def multinomial(self: ET, num_samples: int, replacement: bool = False, *, generator: Any = None) -> ET:
+    """Draws `num_samples` category indices per row of weights. Invalid
+    weights (negative, inf, NaN, a row of zeros) cost one flag read and go
+    to the CPU for PyTorch's error. Without replacement, a row with fewer
+    positive weights than draws continues with its zero-weight categories
+    in order, as PyTorch's CPU kernel does."""
+    generator = _device_generator(generator)
+    if self.dtype not in _SIGNIFICAND or len(self.shape) not in (1, 2):
+        raise Unsupported("multinomial of a non-float or non-1D/2D tensor (PyTorch raises)")
+    n = self.shape[-1]
+    rows = self.shape[0] if len(self.shape) == 2 else 1
+    k = int(num_samples)
+    if n == 0 or k <= 0 or (not replacement and k > n):
+        raise Unsupported("an empty distribution or sample (PyTorch raises)")
+    w = self.reshape([rows, n]).cast("f32")
+    if rows:
+        bad = w.binary("lt", 0.0).binary("logical_or", w.binary("ne", w))
+        bad = bad.binary("logical_or", w.binary("eq", math.inf))
+        positive = w.binary("gt", 0.0).cast("i64").reduce("sum", [-1], True)
+        bad = bad.binary("logical_or", positive.binary("eq", 0))
+        _refuse_if(bad, "invalid multinomial weights (the CPU raises PyTorch's error)")
+    if replacement or k == 1:
+        # Each draw is the largest of its own keys.
+        if rows * k * n > _MAX_ELEMENTS:
+            raise Unsupported("a multinomial of more than 2^24 keys")
+        keys = _categorical_keys(w.reshape([rows, 1, n]), [rows, k, n], generator)
+        picked = keys.arg_reduce("argmax", -1, False)
+    else:
+        _check_square(rows, n)
+        keys = _categorical_keys(w, [rows, n], generator)
+        index = eng().arange(0, n, 1, "i64").expand([rows, n])
+        picked = _place(_ranks(keys, True), index, k)
+    return picked.reshape(list(self.shape[:-1]) + [k])
