@@ -14,6 +14,7 @@ use std::sync::Arc;
 use trace_ir::{Error, Meta, Op, Result};
 
 use crate::pending::{FlushPlan, PendingTrace};
+use crate::repeats::RepeatDetector;
 use crate::value::{Cell, Value};
 
 /// The epochs of group traces: apart from each other, so a value of one
@@ -22,6 +23,9 @@ static EPOCHS: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static OPEN: RefCell<Vec<Open>> = const { RefCell::new(Vec::new()) };
+    /// The repeat detector of the last group that ended, kept for the next:
+    /// its history is a few KB, and Strict opens a group for every op.
+    static SPARE: RefCell<Option<RepeatDetector>> = const { RefCell::new(None) };
 }
 
 struct Open {
@@ -44,7 +48,18 @@ pub(crate) struct Ready {
 /// programs that repeat, and so hit the cache, instead of one program too
 /// large to plan quickly.
 fn new_trace() -> PendingTrace<Arc<Value>> {
-    PendingTrace::new(EPOCHS.fetch_add(1, Ordering::Relaxed), true)
+    let mut trace = PendingTrace::new(EPOCHS.fetch_add(1, Ordering::Relaxed), false);
+    // `PendingTrace::take` restarted the spare detector.
+    trace.repeats = Some(SPARE.take().unwrap_or_default());
+    trace
+}
+
+/// Takes what `trace` recorded, keeping its repeat detector for the next
+/// group of this thread.
+fn take(mut trace: PendingTrace<Arc<Value>>) -> Option<FlushPlan<Arc<Value>>> {
+    let plan = trace.take();
+    SPARE.set(trace.repeats.take());
+    plan
 }
 
 /// Opens a group for `owner` on this thread, or joins the one open.
@@ -64,8 +79,8 @@ pub(crate) fn end(owner: usize) -> Option<Ready> {
         if open[at].depth > 0 {
             return None;
         }
-        let mut g = open.swap_remove(at);
-        g.trace.take().map(|plan| Ready { name: g.name, plan })
+        let g = open.swap_remove(at);
+        take(g.trace).map(|plan| Ready { name: g.name, plan })
     })
 }
 
@@ -74,8 +89,8 @@ pub(crate) fn end(owner: usize) -> Option<Ready> {
 pub(crate) fn cut(owner: usize) -> Option<Ready> {
     OPEN.with_borrow_mut(|open| {
         let g = open.iter_mut().find(|g| g.owner == owner)?;
-        let mut trace = std::mem::replace(&mut g.trace, new_trace());
-        trace.take().map(|plan| Ready { name: g.name.clone(), plan })
+        let trace = std::mem::replace(&mut g.trace, new_trace());
+        take(trace).map(|plan| Ready { name: g.name.clone(), plan })
     })
 }
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Weak};
 
 use ahash::AHashMap;
 use runtime::Buffer;
+use smallvec::SmallVec;
 use trace_ir::{Error, Meta, NodeId, Op, Result, Trace};
 
 use crate::repeats::RepeatDetector;
@@ -54,6 +55,33 @@ impl Input for Arc<Value> {
     }
 }
 
+/// The parameter node of each input key: a Strict op group reads a few
+/// inputs, found by a search in place (a hash map would allocate for every
+/// op); a DeferAndFuse trace reads thousands, hashed.
+#[derive(Default)]
+struct ParamNodes {
+    few: SmallVec<[(usize, NodeId); 8]>,
+    many: AHashMap<usize, NodeId>,
+}
+
+impl ParamNodes {
+    fn get(&self, key: usize) -> Option<NodeId> {
+        match self.many.is_empty() {
+            true => self.few.iter().find(|(k, _)| *k == key).map(|&(_, node)| node),
+            false => self.many.get(&key).copied(),
+        }
+    }
+
+    fn insert(&mut self, key: usize, node: NodeId) {
+        if self.many.is_empty() && self.few.len() < self.few.inline_size() {
+            self.few.push((key, node));
+            return;
+        }
+        self.many.extend(self.few.drain(..));
+        self.many.insert(key, node);
+    }
+}
+
 pub(crate) struct PendingTrace<I> {
     pub epoch: u64,
     pub trace: Trace,
@@ -61,7 +89,7 @@ pub(crate) struct PendingTrace<I> {
     pub params: Vec<I>,
     /// Parameter node of each input already read, so a value read twice is
     /// one parameter.
-    param_nodes: AHashMap<usize, NodeId>,
+    param_nodes: ParamNodes,
     /// The tensor of each node (none for parameters).
     pub owners: Vec<Weak<Value>>,
     /// Where each op was recorded, kept only while fusion dumps are on.
@@ -89,7 +117,7 @@ impl<I: Input> PendingTrace<I> {
             epoch,
             trace: Trace::new(),
             params: Vec::new(),
-            param_nodes: AHashMap::new(),
+            param_nodes: ParamNodes::default(),
             owners: Vec::new(),
             call_sites: Vec::new(),
             repeats: watch_repeats.then(RepeatDetector::default),
@@ -114,7 +142,7 @@ impl<I: Input> PendingTrace<I> {
             })?,
         };
         drop(cell);
-        if let Some(&node) = self.param_nodes.get(&input.key()) {
+        if let Some(node) = self.param_nodes.get(input.key()) {
             return Ok(node);
         }
         let node = self.trace.push_parameter(input.meta().clone());
@@ -160,7 +188,7 @@ impl<I: Input> PendingTrace<I> {
             return None;
         }
         let call_sites = pruned_call_sites(&trace, &taken.call_sites);
-        let (pruned, old_params) = trace.pruned();
+        let (pruned, old_params) = trace.into_pruned();
         // `taken.params` is dropped on return, so the program holds the only
         // reference the trace had and can free or reuse each input early.
         let inputs = old_params.iter().map(|&i| taken.params[i].clone()).collect();

@@ -51,10 +51,13 @@ pub(crate) struct RepeatDetector {
 impl RepeatDetector {
     /// This detector as a new one, keeping its allocations (a flush every
     /// few tens of ops would otherwise allocate and clear them each time).
-    /// The history needs no clearing: only slots written since are read.
+    /// The history needs no clearing: only slots written since are read;
+    /// nor do the runs past the `seen` first, which no push has reached
+    /// (a Strict op group of one op clears one).
     pub fn restarted(mut self) -> Self {
+        let touched = self.seen.min(self.runs.len());
+        self.runs[..touched].fill(0);
         self.seen = 0;
-        self.runs.fill(0);
         self
     }
 

@@ -402,7 +402,7 @@ impl Shared {
             .unwrap_or_else(|| self.pipeline.executable(&plan.trace, how(&self.config)));
         let (exe, prepared) = match ready {
             Ok(ready) => ready,
-            Err(e) => return resolve_all(&plan.holders, Err(e), FLUSH),
+            Err(e) => return resolve_all(&plan.holders, Err(e), &FLUSH),
         };
         *self.last_flush.lock().unwrap() = Some(FlushReport::new(nodes, reason, &prepared));
         if let (Some(stream), None, false) = (&self.stream, &probe, wait) {
@@ -420,7 +420,7 @@ impl Shared {
                 self.run_dumped(probe, &*exe, inputs, &plan.trace, &plan.call_sites, &prepared)
             }
         });
-        resolve_all(&plan.holders, result, FLUSH)
+        resolve_all(&plan.holders, result, &FLUSH)
     }
 
     /// Waits until at most `room` flushes are on the stream. The last

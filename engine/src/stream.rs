@@ -71,22 +71,22 @@ impl Stream {
                         Job::Run { op, inputs, output } => {
                             let result = run_job(&*backend, &pipeline, how, &op, &inputs);
                             drop(inputs);
-                            output.resolve(result, &format!("the {} op", op.name()));
+                            output.resolve(result, &format_args!("the {} op", op.name()));
                         }
                         Job::Program { name, trace, inputs, outputs } => {
                             let result = run_program(&pipeline, how, &trace, &inputs);
                             drop(inputs);
                             // Its error reaches whoever reads the outputs.
-                            let _ = resolve_all(&outputs, result, &format!("the {name} op"));
+                            let _ = resolve_all(&outputs, result, &format_args!("the {name} op"));
                         }
                         Job::Execute { exe, inputs, outputs } => {
                             let result = computed(inputs).and_then(|b| exe.run(b));
-                            let _ = resolve_all(&outputs, result, FLUSH);
+                            let _ = resolve_all(&outputs, result, &FLUSH);
                         }
                         Job::Upload { read, output } => {
                             let result =
                                 read().and_then(|d| backend.upload(output.meta.clone(), d));
-                            output.resolve(result, "a host upload");
+                            output.resolve(result, &"a host upload");
                         }
                         Job::Barrier(done) => {
                             let _ = done.send(());

@@ -2,6 +2,8 @@
 //! pending trace, or failed, and the waiting for it. The stream, the pending
 //! trace and the context all hold values; this module knows none of them.
 
+use std::fmt::Display;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use runtime::Buffer;
@@ -29,6 +31,10 @@ pub(crate) struct Value {
     pub meta: Meta,
     pub cell: Mutex<Cell>,
     ready: Condvar,
+    /// Threads waiting on `ready`, changed only under `cell`'s lock: most
+    /// values are never waited for, and a notification without waiters
+    /// still costs a system call (one per op on the Strict stream).
+    waiters: AtomicU32,
     /// The fork generation this value was made in ([`runtime::fork`]): a
     /// value queued before a fork waits for a stream thread that the child
     /// does not have.
@@ -41,19 +47,22 @@ impl Value {
             meta,
             cell: Mutex::new(cell),
             ready: Condvar::new(),
+            waiters: AtomicU32::new(0),
             generation: runtime::fork::generation(),
         })
     }
 
     /// Stores the outcome of the computation and wakes readers; `op` names
     /// what computed the value (`the exp op`, `a DeferAndFuse flush`).
-    pub fn resolve(&self, result: Result<Arc<Buffer>>, op: &str) {
+    pub fn resolve(&self, result: Result<Arc<Buffer>>, op: &dyn Display) {
         let mut cell = self.cell.lock().unwrap();
         *cell = match result {
             Ok(b) => Cell::Ready(b),
             Err(error) => Cell::Failed { error, op: op.to_string() },
         };
-        self.ready.notify_all();
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.ready.notify_all();
+        }
     }
 
     /// The value for an op that reads it: a failure becomes the op's own
@@ -78,7 +87,11 @@ impl Value {
                 Cell::Queued if runtime::fork::generation() != self.generation => {
                     return Err(forked_error())
                 }
-                Cell::Queued => cell = self.ready.wait(cell).unwrap(),
+                Cell::Queued => {
+                    self.waiters.fetch_add(1, Ordering::Relaxed);
+                    cell = self.ready.wait(cell).unwrap();
+                    self.waiters.fetch_sub(1, Ordering::Relaxed);
+                }
                 Cell::Deferred { .. } => {
                     return Err(Error::internal(
                         "engine",
@@ -98,7 +111,7 @@ pub(crate) const FLUSH: &str = "a DeferAndFuse flush";
 pub(crate) fn resolve_all(
     values: &[Arc<Value>],
     result: Result<Vec<Arc<Buffer>>>,
-    op: &str,
+    op: &dyn Display,
 ) -> Result<()> {
     match result {
         Ok(buffers) => {

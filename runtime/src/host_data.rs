@@ -77,7 +77,12 @@ impl HostData {
     /// Checks that data a backend made, holds or read back fills `meta`
     /// exactly. Input was checked at upload ([`HostData::check_fits`]), so a
     /// mismatch here is a bug of `component`: [`Error::Internal`].
-    pub fn check_holds(&self, component: &'static str, what: &str, meta: &Meta) -> Result<()> {
+    pub fn check_holds(
+        &self,
+        component: &'static str,
+        what: impl std::fmt::Display,
+        meta: &Meta,
+    ) -> Result<()> {
         if self.dtype() != meta.dtype || self.len() != meta.numel() {
             return Err(Error::internal(
                 component,

@@ -134,17 +134,7 @@ impl Trace {
     /// order of first appearance. Returns the new trace and, for each of its
     /// parameters, the index the parameter had before.
     pub fn pruned(&self) -> (Trace, Vec<usize>) {
-        let mut live = vec![false; self.nodes.len()];
-        for &o in &self.outputs {
-            live[o] = true;
-        }
-        for id in (0..self.nodes.len()).rev() {
-            if live[id] {
-                for &i in &self.nodes[id].inputs {
-                    live[i] = true;
-                }
-            }
-        }
+        let live = self.live();
         let mut remap = vec![usize::MAX; self.nodes.len()];
         let mut out = Trace::new();
         let mut old_params = Vec::new();
@@ -162,6 +152,41 @@ impl Trace {
         }
         out.outputs = self.outputs.iter().map(|&o| remap[o]).collect();
         (out, old_params)
+    }
+
+    /// [`Trace::pruned`], without copying a trace that it would leave as it
+    /// is: every node live and the parameters numbered in order, as a
+    /// trace recorded op by op whose results are all used (a Strict op
+    /// group, most flushes) has them.
+    pub fn into_pruned(self) -> (Trace, Vec<usize>) {
+        let mut params = 0;
+        let in_order = self.nodes.iter().all(|n| match n.op {
+            Op::Parameter { index, .. } => {
+                params += 1;
+                index == params - 1
+            }
+            _ => true,
+        });
+        if in_order && self.live().iter().all(|&l| l) {
+            return (self, (0..params).collect());
+        }
+        self.pruned()
+    }
+
+    /// Which nodes an output depends on (outputs included).
+    fn live(&self) -> Vec<bool> {
+        let mut live = vec![false; self.nodes.len()];
+        for &o in &self.outputs {
+            live[o] = true;
+        }
+        for id in (0..self.nodes.len()).rev() {
+            if live[id] {
+                for &i in &self.nodes[id].inputs {
+                    live[i] = true;
+                }
+            }
+        }
+        live
     }
 
     /// Checks every invariant a trace from an untrusted source might break:

@@ -383,7 +383,8 @@ impl CpuExecutable {
                     want.dtype
                 )));
             }
-            host(&buf)?.check_holds("cpu", &format!("input {k}"), buf.meta())?;
+            // Lazy: the message is formatted only when the check fails (this runs per op in Strict).
+            host(&buf)?.check_holds("cpu", format_args!("input {k}"), buf.meta())?;
             if self.uses[id] > 0 {
                 vals[id] = Some(buf);
             }

@@ -149,7 +149,7 @@ impl Executable for PjrtExecutable {
                     Input::Resident(b)
                 }
                 Storage::Host(data) => {
-                    data.check_holds("pjrt", &format!("input {k}"), want)?;
+                    data.check_holds("pjrt", format_args!("input {k}"), want)?;
                     bump(&c.counters.host_to_device);
                     Input::Uploaded(c.client.upload(data, &want.shape)?)
                 }
