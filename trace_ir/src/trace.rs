@@ -134,7 +134,11 @@ impl Trace {
     /// order of first appearance. Returns the new trace and, for each of its
     /// parameters, the index the parameter had before.
     pub fn pruned(&self) -> (Trace, Vec<usize>) {
-        let live = self.live();
+        self.pruned_to(&self.live())
+    }
+
+    /// The nodes `live` marks, renumbered as [`Trace::pruned`] does.
+    fn pruned_to(&self, live: &[bool]) -> (Trace, Vec<usize>) {
         let mut remap = vec![usize::MAX; self.nodes.len()];
         let mut out = Trace::new();
         let mut old_params = Vec::new();
@@ -167,10 +171,11 @@ impl Trace {
             }
             _ => true,
         });
-        if in_order && self.live().iter().all(|&l| l) {
+        let live = self.live();
+        if in_order && live.iter().all(|&l| l) {
             return (self, (0..params).collect());
         }
-        self.pruned()
+        self.pruned_to(&live)
     }
 
     /// Which nodes an output depends on (outputs included).

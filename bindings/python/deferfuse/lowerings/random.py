@@ -87,14 +87,17 @@ def uniform01(shape: list[int], bits: int = 24, generator: Any = None) -> ET:
     return v.binary("mul", 2.0**-bits).reshape(shape)
 
 
+def _open01(shape: list[int], generator: Any) -> ET:
+    """f32 uniform values on (0, 1]: their log is finite and at most 0."""
+    return uniform01(shape, generator=generator).binary("mul", -1.0).binary("add", 1.0)
+
+
 def standard_normal(shape: list[int], generator: Any = None) -> ET:
     """f32 standard normal values (Box-Muller on two independent draws)."""
     n = _numel(shape)
     if n == 0:
         return eng().full(0.0, shape, "f32")
-    u1 = (
-        uniform01([n], generator=generator).binary("mul", -1.0).binary("add", 1.0)
-    )  # (0, 1]: its log is finite
+    u1 = _open01([n], generator)  # its log is finite
     u2 = uniform01([n], generator=generator)
     radius = u1.unary("log").binary("mul", -2.0).unary("sqrt")
     return radius.binary("mul", u2.binary("mul", 2.0 * math.pi).unary("cos")).reshape(shape)
@@ -126,7 +129,7 @@ def exponential(self: ET, lambd: float = 1.0, *, generator: Any = None) -> ET:
     dtype = _float_dtype(self)
     if not lambd > 0:
         raise Unsupported("a rate that is not positive (the CPU raises PyTorch's error)")
-    u = uniform01(list(self.shape), generator=generator).binary("mul", -1.0).binary("add", 1.0)  # (0, 1]
+    u = _open01(list(self.shape), generator)
     return u.unary("log").binary("mul", -1.0 / float(lambd)).cast(dtype)
 
 
@@ -172,17 +175,12 @@ def native_dropout(input: ET, p: float, train: bool | None) -> tuple[ET, ET]:
     return scaled, keep
 
 
-def _open01(shape: list[int], generator: Any) -> ET:
-    """f32 uniform values on (0, 1]: their log is finite and at most 0."""
-    return uniform01(shape, generator=generator).binary("mul", -1.0).binary("add", 1.0)
-
-
 def _normal_of(mean: Any, std: Any, generator: Any) -> ET:
     """`torch.normal` with a tensor mean or std: one draw per element of
     their broadcast shape, in the dtype of the tensor operand (mean first)."""
-    tensors = [v for v in (mean, std) if isinstance(v, ET)]
-    if len(tensors) != sum(hasattr(v, "shape") for v in (mean, std)):
+    if any(hasattr(v, "shape") and not isinstance(v, ET) for v in (mean, std)):
         raise Unsupported("a mean or std that is not on tpu")
+    tensors = [v for v in (mean, std) if isinstance(v, ET)]
     dtype = _float_dtype(tensors[0])
     shape = broadcast_batch(list(tensors[0].shape), list(tensors[-1].shape))
     if isinstance(std, ET):
