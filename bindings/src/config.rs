@@ -20,6 +20,7 @@ pub fn env_config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("mode", c.mode.name())?;
     d.set_item("max_pending_ops", c.max_pending_ops)?;
     d.set_item("cut_repeats", c.cut_repeats)?;
+    d.set_item("read_ahead", c.read_ahead)?;
     let mut checks = Vec::new();
     if c.debug_checks.nan {
         checks.push("nan");

@@ -9,6 +9,9 @@ pub const ENV_MAX_PENDING_OPS: &str = "TORCH_TPU_MAX_PENDING_OPS";
 /// Whether DeferAndFuse cuts its op stream where it starts to repeat
 /// (`on` by default; see `repeats.rs`).
 pub const ENV_CUT_REPEATS: &str = "TORCH_TPU_CUT_REPEATS";
+/// Whether DeferAndFuse flushes a trace where a value was read in an
+/// earlier one, ahead of the read (`on` by default; see `read_ahead.rs`).
+pub const ENV_READ_AHEAD: &str = "TORCH_TPU_READ_AHEAD";
 /// Which checks Debug mode runs after every op.
 pub const ENV_DEBUG_CHECKS: &str = "TORCH_TPU_DEBUG_CHECKS";
 
@@ -214,6 +217,10 @@ pub struct Config {
     /// DeferAndFuse flushes where the op stream starts to repeat itself, so
     /// loop iterations become identical traces (on by default).
     pub cut_repeats: bool,
+    /// DeferAndFuse flushes a loop's trace where a value was read in the
+    /// loop's previous iteration, so it runs while the rest of the
+    /// iteration is recorded (on by default).
+    pub read_ahead: bool,
     pub debug_checks: DebugChecks,
     /// `per_op` also turns the `patterns` rule set off ([`Config::effective_rewrite`]).
     pub fused_rounding: FusedRounding,
@@ -259,6 +266,7 @@ impl Default for Config {
             mode: Mode::Strict,
             max_pending_ops: DEFAULT_MAX_PENDING_OPS,
             cut_repeats: true,
+            read_ahead: true,
             debug_checks: DebugChecks::default(),
             fused_rounding: FusedRounding::Once,
             fusion: true,
@@ -331,6 +339,9 @@ impl Config {
         }
         if let Some(v) = get(ENV_CUT_REPEATS) {
             config.cut_repeats = parse_switch(ENV_CUT_REPEATS, &v)?;
+        }
+        if let Some(v) = get(ENV_READ_AHEAD) {
+            config.read_ahead = parse_switch(ENV_READ_AHEAD, &v)?;
         }
         if let Some(v) = get(ENV_DEBUG_CHECKS) {
             config.debug_checks = v.parse()?;

@@ -132,6 +132,9 @@ pub enum FlushReason {
     Repeat,
     /// The pending trace reached `TORCH_TPU_MAX_PENDING_OPS` ops.
     Cap,
+    /// The pending trace reached the point where a value was read before
+    /// (`TORCH_TPU_READ_AHEAD`): it runs ahead of the read.
+    ReadAhead,
 }
 
 impl std::fmt::Display for FlushReason {
@@ -141,6 +144,7 @@ impl std::fmt::Display for FlushReason {
             FlushReason::Sync => "sync",
             FlushReason::Repeat => "repeat",
             FlushReason::Cap => "cap",
+            FlushReason::ReadAhead => "read_ahead",
         })
     }
 }

@@ -33,6 +33,7 @@ mod op_group;
 pub mod ops;
 mod pending;
 pub mod pipeline;
+mod read_ahead;
 mod repeats;
 mod shared;
 mod stream;

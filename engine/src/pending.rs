@@ -13,6 +13,8 @@ use runtime::Buffer;
 use smallvec::SmallVec;
 use trace_ir::{Error, Meta, NodeId, Op, Result, Trace};
 
+use crate::dump::FlushReason;
+use crate::read_ahead::ReadAhead;
 use crate::repeats::RepeatDetector;
 use crate::value::{Cell, Value};
 
@@ -98,6 +100,9 @@ pub(crate) struct PendingTrace<I> {
     /// repetition; a new pending trace starts with a fresh detector, so
     /// every flush resets it.
     pub repeats: Option<RepeatDetector>,
+    /// DeferAndFuse runs read values ahead of their reads (`read_ahead.rs`);
+    /// the points it learned carry over from trace to trace.
+    pub read_ahead: Option<ReadAhead>,
 }
 
 /// What a flush has to run: the pruned trace, its inputs, and the tensors its
@@ -121,6 +126,7 @@ impl<I: Input> PendingTrace<I> {
             owners: Vec::new(),
             call_sites: Vec::new(),
             repeats: watch_repeats.then(RepeatDetector::default),
+            read_ahead: None,
         }
     }
 
@@ -155,7 +161,23 @@ impl<I: Input> PendingTrace<I> {
     /// Appends an op whose inputs are nodes of this trace; `meta` is its
     /// output's, as the caller inferred it.
     pub fn push(&mut self, op: Op, inputs: &[NodeId], meta: Meta) -> Result<NodeId> {
-        self.trace.push_inferred(op, inputs, meta)
+        let node = self.trace.push_inferred(op, inputs, meta)?;
+        if let Some(r) = self.read_ahead.as_mut() {
+            r.recorded(node);
+        }
+        Ok(node)
+    }
+
+    /// A unit (an op group, or an op outside one) ended with `hash`: why
+    /// the trace should be flushed after it, if it should.
+    pub fn end_unit(&mut self, hash: u64) -> Option<FlushReason> {
+        let ahead = self.read_ahead.as_mut().is_some_and(|r| r.end_unit(hash));
+        let repeated = self.repeats.as_mut().is_some_and(|r| r.push(hash));
+        match (ahead, repeated) {
+            (true, _) => Some(FlushReason::ReadAhead),
+            (false, true) => Some(FlushReason::Repeat),
+            (false, false) => None,
+        }
     }
 
     /// Remembers where the user recorded `node`, for fusion dumps.
@@ -175,6 +197,7 @@ impl<I: Input> PendingTrace<I> {
         let mut next = PendingTrace::new(self.epoch + 1, false);
         // The detector starts over with the new trace, keeping its buffers.
         next.repeats = self.repeats.take().map(RepeatDetector::restarted);
+        next.read_ahead = self.read_ahead.take().map(|r| r.restarted(false));
         let taken = std::mem::replace(self, next);
         let mut trace = taken.trace;
         let mut holders = Vec::new();

@@ -4,7 +4,7 @@
 //! and materializes them; it knows nothing of the `Tensor` handles.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rewrite_rules::planner::PlanConfig;
@@ -24,8 +24,11 @@ use crate::value::{resolve_all, Cell, Value, FLUSH};
 
 /// How many DeferAndFuse flushes may wait on the stream at once. The
 /// recording thread runs ahead of the programs by at most this many, which
-/// bounds the memory held by programs not run yet.
-const MAX_IN_FLIGHT: usize = 2;
+/// bounds the memory held by programs not run yet. A training step that
+/// reads its loss issues up to three (a repeat cut in the forward, its
+/// read-ahead, the rest at the read): with room for a fourth, recording
+/// the next step does not wait for the previous one's backward to run.
+const MAX_IN_FLIGHT: usize = 4;
 
 pub(crate) struct Shared {
     pub config: Config,
@@ -43,6 +46,9 @@ pub(crate) struct Shared {
     in_flight: Mutex<VecDeque<Arc<Value>>>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
+    /// The last DeferAndFuse flush was a read-ahead (`read_ahead.rs`); the
+    /// pending trace's own flag, readable without its lock.
+    ran_ahead: AtomicBool,
     /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
     dumps: Option<Dumps>,
     /// Bounds checks of indexing ops not read yet (see `checks.rs`).
@@ -114,17 +120,22 @@ impl Shared {
             pipeline.keep_extracted();
         }
         tracing::debug!(mode = %config.mode, backend = backend.name(), "new context");
-        let watch_repeats = config.mode == Mode::DeferAndFuse && config.cut_repeats;
+        let deferring = config.mode == Mode::DeferAndFuse;
+        let mut pending = PendingTrace::new(0, deferring && config.cut_repeats);
+        if deferring && config.read_ahead {
+            pending.read_ahead = Some(Default::default());
+        }
         Ok(Shared {
             config,
             backend,
             pipeline,
             last_flush: Mutex::new(None),
             stream,
-            pending: Mutex::new(PendingTrace::new(0, watch_repeats)),
+            pending: Mutex::new(pending),
             in_flight: Mutex::new(VecDeque::new()),
             ops_recorded: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            ran_ahead: AtomicBool::new(false),
             dumps,
             checks: Default::default(),
         })
@@ -252,8 +263,7 @@ impl Shared {
                     .map(|v| pending.node_of(v))
                     .collect::<Result<SmallVec<[_; 4]>>>()?;
                 let hash = op_hash(&op, &meta);
-                let repeated = !unit::fold(self.id(), hash)
-                    && pending.repeats.as_mut().is_some_and(|r| r.push(hash));
+                let in_group = unit::fold(self.id(), hash);
                 let node = pending.push(op, &nodes, meta.clone())?;
                 let epoch = pending.epoch;
                 let value = Value::new(meta, Cell::Deferred { node, epoch });
@@ -261,9 +271,9 @@ impl Shared {
                 if self.dumps.is_some() {
                     pending.set_call_site(node, std::panic::Location::caller());
                 }
-                if repeated {
-                    tracing::debug!(ops = pending.len(), "the op stream repeats itself");
-                    self.flush(&mut pending, FlushReason::Repeat)?;
+                if let Some(reason) = (!in_group).then(|| pending.end_unit(hash)).flatten() {
+                    tracing::debug!(ops = pending.len(), %reason, "cut");
+                    self.flush(&mut pending, reason)?;
                 } else if pending.len() >= self.config.max_pending_ops {
                     tracing::debug!(limit = self.config.max_pending_ops, "pending trace is full");
                     self.flush(&mut pending, FlushReason::Cap)?;
@@ -301,9 +311,9 @@ impl Shared {
             Mode::DeferAndFuse => {
                 let Some(hash) = unit::end(self.id()) else { return Ok(()) };
                 let mut pending = self.pending.lock().unwrap();
-                match pending.repeats.as_mut().is_some_and(|r| r.push(hash)) {
-                    true => self.flush(&mut pending, FlushReason::Repeat),
-                    false => Ok(()),
+                match pending.end_unit(hash) {
+                    Some(reason) => self.flush(&mut pending, reason),
+                    None => Ok(()),
                 }
             }
             Mode::Debug => Ok(()),
@@ -336,9 +346,22 @@ impl Shared {
         } else if deferred {
             let mut pending = self.pending.lock().unwrap();
             // Another thread may have flushed while we waited for the lock.
-            let still = matches!(*value.cell.lock().unwrap(), Cell::Deferred { epoch, .. } if epoch == pending.epoch);
-            if still {
+            let node = match *value.cell.lock().unwrap() {
+                Cell::Deferred { node, epoch } if epoch == pending.epoch => Some(node),
+                _ => None,
+            };
+            if let Some(node) = node {
+                if let Some(r) = pending.read_ahead.as_mut() {
+                    r.learn(node);
+                }
                 self.flush_reading(&mut pending, FlushReason::Read, Some(value))?;
+            }
+        } else if self.ran_ahead.load(Ordering::Relaxed) {
+            // The value ran ahead of this read: the trace recorded since
+            // ends here, as it would have had the read flushed it.
+            let mut pending = self.pending.lock().unwrap();
+            if pending.read_ahead.as_ref().is_some_and(|r| r.ran_ahead) {
+                self.flush(&mut pending, FlushReason::Read)?;
             }
         }
         value.wait_buffer()
@@ -358,9 +381,15 @@ impl Shared {
         reason: FlushReason,
         read: Option<&Value>,
     ) -> Result<()> {
-        let Some(plan) = pending.take() else { return Ok(()) };
+        let plan = pending.take();
+        if let Some(r) = pending.read_ahead.as_mut() {
+            r.ran_ahead = reason == FlushReason::ReadAhead;
+            self.ran_ahead.store(r.ran_ahead, Ordering::Relaxed);
+        }
+        let Some(plan) = plan else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
         let how = how(&self.config);
+        let waited_for = read.is_some() || reason == FlushReason::Sync;
         // A trace run whole before runs whole again: splitting it would
         // compile two new programs for what the cache already has. Fusion
         // dumps show one program per flush, so they never split.
@@ -370,7 +399,6 @@ impl Shared {
             Some(value) if cached.is_none() => plan.split_for(value),
             _ => (plan, None),
         };
-        let waited_for = matches!(reason, FlushReason::Read | FlushReason::Sync);
         let ran = self.run_plan(plan, reason, waited_for, cached);
         if let Some(rest) = rest {
             // Issued even when the read's part failed (its values then fail

@@ -1,7 +1,8 @@
 //! DeferAndFuse cuts a loop that never reads where its op stream repeats,
 //! so its iterations become identical traces that hit the cache: loops of
 //! several shapes stop missing tier 1 after a few steps, and compute what
-//! Strict computes.
+//! Strict computes. A loop that reads a value every step is cut where the
+//! value was recorded, ahead of its read (`read_ahead.rs`), and settles too.
 
 use deferfuse::{Config, Context, DType, Mode, Result, Tensor};
 
@@ -20,15 +21,22 @@ impl Mlp {
 
     /// One step on `x`: forward, the gradient of `sum(y^2)`, and the update.
     fn step(&mut self, x: &Tensor, lr: f64) -> Result<()> {
+        self.step_with_loss(x, lr, false).map(drop)
+    }
+
+    /// [`Mlp::step`], recording the loss `sum(y^2)` after the forward when
+    /// `loss` (for a loop that reads it after the update).
+    fn step_with_loss(&mut self, x: &Tensor, lr: f64, loss: bool) -> Result<Option<Tensor>> {
         let h = x.matmul(&self.w1)?.relu()?;
         let y = h.matmul(&self.w2)?;
+        let loss = loss.then(|| y.mul(&y)?.sum_all()).transpose()?;
         let dy = y.mul(2.0)?;
         let dw2 = h.t()?.matmul(&dy)?;
         let dh = dy.matmul(&self.w2.t()?)?.mul(&h.gt(0.0)?.to_dtype(DType::F32)?)?;
         let dw1 = x.t()?.matmul(&dh)?;
         self.w1 = self.w1.sub(&dw1.mul(lr)?)?;
         self.w2 = self.w2.sub(&dw2.mul(lr)?)?;
-        Ok(())
+        Ok(loss)
     }
 }
 
@@ -212,4 +220,61 @@ fn an_op_group_is_one_unit_for_the_detector() {
     };
     assert_eq!(flushes(false), 1, "recorded one by one");
     assert_eq!(flushes(true), 0, "recorded as one op group");
+}
+
+/// Trains with a read of the loss after every update: the losses read and
+/// the context's flushes.
+fn train_reading_loss(read_ahead: bool, steps: usize) -> (Vec<f32>, Context) {
+    let ctx = Context::new(Config {
+        mode: Mode::DeferAndFuse,
+        read_ahead,
+        cache_dir: None,
+        ..Config::default()
+    })
+    .unwrap();
+    let x = ctx.randn(&[8, 16], DType::F32, 7).unwrap();
+    let mut mlp = Mlp::new(&ctx, 32, 1);
+    let losses = (0..steps)
+        .map(|i| {
+            let loss = mlp.step_with_loss(&x, 0.01 / (1.0 + i as f64), true).unwrap().unwrap();
+            loss.item::<f32>().unwrap()
+        })
+        .collect();
+    (losses, ctx)
+}
+
+#[test]
+fn a_loop_that_reads_its_loss_runs_the_forward_ahead_of_the_read() {
+    let (ahead, ctx) = train_reading_loss(true, 12);
+    let (at_read, plain) = train_reading_loss(false, 12);
+    assert!(close(&ahead, &at_read), "{ahead:?} vs {at_read:?}");
+    // From the second step on, the trace is flushed where the loss was
+    // recorded (then at the read, the rest): two flushes a step, one of
+    // them ahead; without read-ahead, one flush at each read.
+    let flushes = ctx.stats().flushes;
+    assert!(flushes >= 2 * 12 - 2, "{flushes} flushes in 12 steps");
+    assert_eq!(plain.stats().flushes, 12);
+    // A step's two traces are the same every step: nothing new after the third.
+    let misses = ctx.stats().cache.tier1.misses;
+    let (_, longer) = train_reading_loss(true, 30);
+    assert_eq!(longer.stats().cache.tier1.misses, misses);
+}
+
+#[test]
+fn the_forward_is_flushed_ahead_once_the_loss_was_read_before() {
+    let ctx = context(Mode::DeferAndFuse, true);
+    let x = ctx.randn(&[8, 16], DType::F32, 7).unwrap();
+    let mut mlp = Mlp::new(&ctx, 32, 1);
+    let mut reasons = Vec::new();
+    for _ in 0..3 {
+        // The forward and the loss alone, then the backward and the update.
+        let h = x.matmul(&mlp.w1).unwrap().relu().unwrap();
+        let y = h.matmul(&mlp.w2).unwrap();
+        let loss = y.mul(&y).unwrap().sum_all().unwrap();
+        reasons.push(ctx.last_flush().map(|f| f.reason));
+        mlp.step(&x, 0.01).unwrap();
+        loss.item::<f32>().unwrap();
+    }
+    use deferfuse::FlushReason::{Read, ReadAhead};
+    assert_eq!(reasons, vec![None, Some(Read), Some(ReadAhead)]);
 }
