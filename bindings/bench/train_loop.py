@@ -1,11 +1,14 @@
-"""Training loops in DeferAndFuse against CPU eager (issue 15's models).
+"""Training and decoding loops in DeferAndFuse against CPU eager (issue 15's models).
 
 A `nn.TransformerEncoder` language model (AdamW, vocabulary 50): the small
 one has d_model 64, 2 layers, batch 8 x 32; the medium one d_model 256, 4
 layers, batch 8 x 128. Each row is one loop run in this process on the CPU
 and on `tpu`, the mean step time after the warm-up steps, the ratio, and
 the tier-1 cache misses after warm-up. Rows run `--repeats` times and
-print the median ratio.
+print the median ratio. The decoding row is a tiny Llama (transformers,
+random weights, 2 layers of width 64) generating 32 tokens greedily from
+16, timed per token after one warm-up call; its misses are those of the
+first, cold call after its third token (the KV cache grows every token).
 
 Run: TORCH_TPU_EAGER_MODE=defer_and_fuse TORCH_TPU_CACHE_DIR=off \\
      .venv/bin/python bindings/bench/train_loop.py [--repeats 3]
@@ -55,10 +58,50 @@ def loop(device: str, d: int, layers: int, seq: int, steps: int, read: bool, war
     return (time.perf_counter() - t0) / (steps - warm), late
 
 
+def decode(device: str, steps: int, warm: int) -> tuple[float, int]:
+    """Seconds per generated token after a warm-up call, and the tier-1
+    misses of the cold call after its `warm`-th token."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval().to(device)
+    prompt = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    seen: list[int] = []
+
+    def count(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        seen.append(misses() if device == "tpu" else 0)
+        return scores
+
+    def generate(processors: list) -> None:
+        with torch.no_grad():
+            model.generate(
+                prompt,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                do_sample=False,
+                pad_token_id=0,
+                logits_processor=LogitsProcessorList(processors),
+            ).cpu()
+
+    generate([count])
+    t0 = time.perf_counter()
+    generate([])
+    return (time.perf_counter() - t0) / steps, seen[-1] - seen[warm - 1]
+
+
 ROWS = {
     "small, no reads (40 steps)": dict(d=64, layers=2, seq=32, steps=40, read=False, warm=3),
     "small, read each step (40 steps)": dict(d=64, layers=2, seq=32, steps=40, read=True, warm=3),
     "medium, read each step (12 steps)": dict(d=256, layers=4, seq=128, steps=12, read=True, warm=4),
+    "decoding, tiny Llama (32 tokens)": dict(steps=32, warm=3),
 }
 
 
@@ -71,8 +114,9 @@ def main() -> None:
     for name, cfg in ROWS.items():
         ratios, cpu, tpu, late = [], [], [], 0
         for _ in range(args.repeats):
-            c, _ = loop("cpu", **cfg)
-            t, m = loop("tpu", **cfg)
+            run = decode if name.startswith("decoding") else loop
+            c, _ = run("cpu", **cfg)
+            t, m = run("tpu", **cfg)
             cpu.append(c)
             tpu.append(t)
             ratios.append(t / c)

@@ -248,3 +248,16 @@ def test_a_dim_out_of_range_is_pytorchs_index_error(nan_mode, call):
         call(torch.randn(3, 4))
     with pytest.raises(IndexError, match="out of range"):
         call(torch.randn(3, 4).to("tpu"))
+
+
+@pytest.mark.parametrize("op", [torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_bitwise_ops_of_an_integer_and_a_bool(nan_mode, no_fallback, op, dtype):
+    # A decoding loop's `unfinished & ~stopped`: the bool promotes to 0 or 1.
+    a = torch.randint(-9, 10, (3, 5), generator=torch.Generator().manual_seed(0), dtype=dtype)
+    flags = torch.rand(3, 5, generator=torch.Generator().manual_seed(1)) > 0.5
+    for x, y in ((a, flags), (flags, a), (a, flags[0]), (a, True), (a, False)):
+        got = op(*(v.to("tpu") if isinstance(v, torch.Tensor) else v for v in (x, y))).cpu()
+        want = op(x, y)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)

@@ -192,11 +192,38 @@ def logical(name: str, a: Any, b: Any) -> ET:
     return a.binary(name, b)
 
 
+def _parity(a: ET) -> ET:
+    """`a & 1` of an integer tensor: `a - 2 * (a // 2)`, 0 or 1 for negative
+    numbers too (two's complement). Exact while |a| < 2^47 (`_integer_div`)."""
+    return a.binary("sub", _integer_div(a, 2, "floor").binary("mul", 2)).cast(a.dtype)
+
+
+#: `a op 1`, from an integer `a` and its parity `p`.
+_WITH_ONE: dict[str, Callable[[ET, ET], ET]] = {
+    "and": lambda a, p: p,
+    "or": lambda a, p: a.binary("add", 1).binary("sub", p),
+    "xor": lambda a, p: a.binary("add", 1).binary("sub", p.binary("mul", 2)),
+}
+
+
+def _bitwise_with_bool(name: str, a: ET, b: Any) -> ET:
+    """An integer tensor and a bool (`unfinished & ~stopped` in a decoding
+    loop): the bool promotes to 1 or 0, and `a & 0 == 0`, `a | 0 == a ^ 0 == a`."""
+    one = _WITH_ONE[name](a, _parity(a))
+    zero = a.binary("mul", 0) if name == "and" else a
+    if not isinstance(b, ET):
+        return one if b else zero
+    return b.where_(one, zero)
+
+
 def _bitwise(name: str) -> Callable[..., ET]:
     def run(self: Any, other: Any) -> ET:
-        if not (_is_bool(self) and _is_bool(other)):
-            raise Unsupported("bitwise ops on integers")
-        return logical_xor(self, other) if name == "xor" else logical(f"logical_{name}", self, other)
+        if _is_bool(self) and _is_bool(other):
+            return logical_xor(self, other) if name == "xor" else logical(f"logical_{name}", self, other)
+        integer, flag = (other, self) if _is_bool(self) else (self, other)
+        if isinstance(integer, ET) and integer.dtype in ("i32", "i64") and _is_bool(flag):
+            return _bitwise_with_bool(name, integer, flag)
+        raise Unsupported("bitwise ops on two integers")
 
     return run
 
