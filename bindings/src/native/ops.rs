@@ -68,6 +68,18 @@ macro_rules! binaries {
 binaries!(mul = "mul", div = "div", maximum = "maximum", minimum = "minimum", eq = "eq", ne = "ne");
 binaries!(lt = "lt", le = "le", gt = "gt", ge = "ge");
 
+/// `pow(x, scalar)` of a float tensor; a square is a product, as the Python
+/// lowering makes it (RMSNorm's `x.pow(2)`). Integer bases go to Python.
+fn pow_scalar(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some(x) = tensor(a, 0).filter(|x| is_float(x)) else { return Ok(None) };
+    match arg(a, 1) {
+        A::Int(2) => x.mul(x).map(Some),
+        A::Float(e) if *e == 2.0 => x.mul(x).map(Some),
+        A::Int(_) | A::Float(_) => binary("pow", a),
+        _ => Ok(None),
+    }
+}
+
 fn add(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     let Some(x) = tensor(a, 0) else { return Ok(None) };
     if arg(a, 0).is_bool() && arg(a, 1).is_bool() {
@@ -371,6 +383,28 @@ fn clone(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     Ok(tensor(a, 0).cloned())
 }
 
+/// `cat(tensors, dim)`, skipping the 1-D empty tensors PyTorch skips;
+/// a list with anything but tensors, or only empty ones, goes to Python.
+fn cat(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let A::List(items) = arg(a, 0) else { return Ok(None) };
+    let dim = match arg(a, 1) {
+        A::Int(d) => *d,
+        A::None => 0,
+        _ => return Ok(None),
+    };
+    let mut parts = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(t) = item.tensor() else { return Ok(None) };
+        if t.shape() != [0] {
+            parts.push(t);
+        }
+    }
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    Tensor::cat(&parts, dim).map(Some)
+}
+
 /// The normalized axes of a LayerNorm: the trailing ones, which must have
 /// the sizes of `normalized_shape`.
 fn norm_axes(x: &Tensor, normalized: &A<'_>) -> Option<Vec<i64>> {
@@ -592,7 +626,8 @@ table! {
     "_copy_from.default" => direct(copy_from),
     "native_layer_norm.default" => direct(native_layer_norm),
     "native_layer_norm_backward.default" => direct(native_layer_norm_backward),
-    "clone.default" => functional(clone),
+    "clone.default" => functional(clone), "cat.default" => functional(cat),
+    "pow.Tensor_Scalar" => functional(pow_scalar),
     "threshold_backward.default" => functional(threshold_backward),
     "sigmoid_backward.default" => functional(sigmoid_backward),
     "tanh_backward.default" => functional(tanh_backward),
