@@ -98,6 +98,54 @@ fn sub(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     x.sub(y).map(Some)
 }
 
+/// `rsub(x, scalar)`: `scalar - x` as the Python lowering computes it,
+/// `-x + scalar` (bools and a non-unit alpha go to Python).
+fn rsub(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some(x) = tensor(a, 0).filter(|x| x.dtype() != DType::Bool) else { return Ok(None) };
+    match (arg(a, 1), arg(a, 2).is_one()) {
+        (A::Int(_) | A::Float(_), true) => {
+            let Some(other) = arg(a, 1).operand() else { return Ok(None) };
+            x.neg()?.add(other).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `&`, `|` and `^` of bools, PyTorch's logical ops; with an integer
+/// operand they go to Python.
+fn bitwise(op: &str, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let (Some(x), Some(y)) = (tensor(a, 0), arg(a, 1).operand()) else { return Ok(None) };
+    if !(arg(a, 0).is_bool() && arg(a, 1).is_bool()) {
+        return Ok(None);
+    }
+    match op {
+        "and" => x.logical_and(y),
+        "or" => x.logical_or(y),
+        _ => x.ne(y),
+    }
+    .map(Some)
+}
+
+fn bitwise_and(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    bitwise("and", a)
+}
+
+fn bitwise_or(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    bitwise("or", a)
+}
+
+fn bitwise_xor(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    bitwise("xor", a)
+}
+
+/// `~x` of bools; integers go to Python.
+fn bitwise_not(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    match tensor(a, 0) {
+        Some(x) if x.dtype() == DType::Bool => x.logical_not().map(Some),
+        _ => Ok(None),
+    }
+}
+
 fn unary(name: &str, a: &[A<'_>]) -> Result<Option<Tensor>> {
     match tensor(a, 0) {
         Some(x) => unary_op(x, name).transpose(),
@@ -627,7 +675,11 @@ table! {
     "native_layer_norm.default" => direct(native_layer_norm),
     "native_layer_norm_backward.default" => direct(native_layer_norm_backward),
     "clone.default" => functional(clone), "cat.default" => functional(cat),
-    "pow.Tensor_Scalar" => functional(pow_scalar),
+    "pow.Tensor_Scalar" => functional(pow_scalar), "rsub.Scalar" => functional(rsub),
+    "bitwise_and.Tensor" => functional(bitwise_and), "bitwise_and.Scalar" => functional(bitwise_and),
+    "bitwise_or.Tensor" => functional(bitwise_or), "bitwise_or.Scalar" => functional(bitwise_or),
+    "bitwise_xor.Tensor" => functional(bitwise_xor), "bitwise_xor.Scalar" => functional(bitwise_xor),
+    "bitwise_not.default" => functional(bitwise_not),
     "threshold_backward.default" => functional(threshold_backward),
     "sigmoid_backward.default" => functional(sigmoid_backward),
     "tanh_backward.default" => functional(tanh_backward),
