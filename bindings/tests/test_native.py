@@ -58,6 +58,16 @@ def test_elementwise_ops_run_natively_and_match_cpu(mode, python_path):
         (lambda x, y: torch.cat([x, y]).pow(2) + torch.cat([y.abs().pow(1.5), x.pow(3)]), (a, b), (ta, tb)),
         (lambda x, y: ((x > 0) & (y > 0)) | ~(x > y) ^ (y < 0.5) | True, (a, b), (ta, tb)),
         (lambda x, y: 1 - x + (2.5 - y), (a, b), (ta, tb)),
+        (
+            lambda x, y: (x > 1).any(1, keepdim=True) ^ (y > -1).all(0, keepdim=True) | (x < 0).any(),
+            (a, b),
+            (ta, tb),
+        ),
+        (
+            lambda x, y: x.argmax() + x.argmax(0) + y.argmax(-1, keepdim=True) + y.argmax(keepdim=True),
+            (a, b),
+            (ta, tb),
+        ),
     ]
     for fn, cpu_args, tpu_args in cases:
         want = fn(*cpu_args)

@@ -286,6 +286,66 @@ fn sum_dim(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     }
 }
 
+/// `any` and `all` (`.default`, `.dim`, `.dims`) by counting, as the Python
+/// lowering does, so that a reduction over no elements is False (any) or
+/// True (all). Zero-dimensional tensors go to Python.
+fn any_or_all(all: bool, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some(x) = tensor(a, 0).filter(|x| x.rank() > 0) else { return Ok(None) };
+    let axes = match arg(a, 1) {
+        A::Int(d) => vec![*d],
+        dim => match axes(x, dim) {
+            Some(axes) => axes,
+            None => return Ok(None),
+        },
+    };
+    let rank = x.rank() as i64;
+    if axes.iter().any(|d| !(-rank..rank).contains(d)) {
+        return Ok(None); // PyTorch's IndexError, from the Python path
+    }
+    let keepdim = match arg(a, 2) {
+        A::Bool(k) => *k,
+        A::None => false,
+        _ => return Ok(None),
+    };
+    let mut flags = x.to_dtype(DType::Bool)?;
+    if all {
+        flags = flags.logical_not()?;
+    }
+    let count = flags.to_dtype(DType::I64)?.sum(&axes, keepdim)?;
+    match all {
+        true => count.eq(0i64).map(Some),
+        false => count.gt(0i64).map(Some),
+    }
+}
+
+fn any(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    any_or_all(false, a)
+}
+
+fn all(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    any_or_all(true, a)
+}
+
+/// `argmax` of a non-empty tensor with dimensions; without a dim, into the
+/// flattened tensor (every dim 1 with keepdim). Bools, empty and
+/// zero-dimensional tensors go to Python (its errors, its answers).
+fn argmax(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
+    let Some(x) =
+        tensor(a, 0).filter(|x| x.rank() > 0 && x.numel() > 0 && x.dtype() != DType::Bool)
+    else {
+        return Ok(None);
+    };
+    let keepdim = matches!(arg(a, 2), A::Bool(true));
+    match arg(a, 1) {
+        A::Int(d) if (-(x.rank() as i64)..x.rank() as i64).contains(d) => {
+            x.argmax(Some(*d), keepdim).map(Some)
+        }
+        A::None if keepdim => x.argmax(None, false)?.reshape(&vec![1; x.rank()]).map(Some),
+        A::None => x.argmax(None, false).map(Some),
+        _ => Ok(None),
+    }
+}
+
 fn mean_dim(_: &Context, a: &[A<'_>]) -> Result<Option<Tensor>> {
     let (Some(x), A::Bool(keepdim), A::None) = (tensor(a, 0), arg(a, 2), arg(a, 3)) else {
         return Ok(None);
@@ -667,6 +727,9 @@ table! {
     "mm.default" => functional(mm), "bmm.default" => functional(mm),
     "addmm.default" => functional(addmm),
     "sum.dim_IntList" => functional(sum_dim), "mean.dim" => functional(mean_dim),
+    "any.default" => functional(any), "any.dim" => functional(any), "any.dims" => functional(any),
+    "all.default" => functional(all), "all.dim" => functional(all), "all.dims" => functional(all),
+    "argmax.default" => functional(argmax),
     "_softmax.default" => functional(softmax), "_log_softmax.default" => functional(log_softmax),
     "_safe_softmax.default" => functional(safe_softmax),
     "_softmax_backward_data.default" => functional(softmax_backward),
