@@ -7,7 +7,11 @@
 //!   trace that differs only in sizes (a new batch size) reuses the program
 //!   and executable planned for the first sizes, resized, when the backend's
 //!   executables are shape-polymorphic (the native CPU backend's are); it is
-//!   planned and compiled for its own sizes otherwise;
+//!   planned and compiled for its own sizes otherwise. A trace whose sizes
+//!   merely coincide (a KV cache's length reaching a projection's width)
+//!   is another class, but one that an earlier class serves: a miss looks
+//!   for one among the classes of the same structure
+//!   ([`ShapeClass::structure_hash`]) before it rewrites;
 //! - tier 2, in memory: program fingerprint → executable (skips compiling; two
 //!   traces that optimize to the same program share it);
 //! - tier 3, on disk: a stable key of the signature, the engine and backend
@@ -159,6 +163,10 @@ struct Entry {
 /// The most sizes one shape class keeps instances for.
 const MAX_INSTANCES: usize = 64;
 
+/// The most structures whose classes are remembered for coinciding sizes;
+/// past it they are forgotten, all at once (tier 1 itself is unaffected).
+const MAX_STRUCTURES: usize = 1024;
+
 impl Entry {
     fn new(class: ShapeClass, instance: Instance, program_bytes: u64) -> Entry {
         let by_sizes = AHashMap::from_iter([(class.sizes.clone(), instance.clone())]);
@@ -192,6 +200,9 @@ impl Entry {
 /// Compiled executables by program fingerprint.
 type Executables = Lru<Arc<[u8]>, Arc<dyn Executable>>;
 
+/// The tier-1 classes of each structure, each with its symbol positions.
+type Structures = AHashMap<(Preparation, u64), Vec<(Signature, Arc<[u32]>)>>;
+
 pub(crate) struct Pipeline {
     backend: Arc<dyn Backend>,
     rewrite: RewriteConfig,
@@ -199,6 +210,8 @@ pub(crate) struct Pipeline {
     /// Tier 1. Each entry also holds its executable, so a hit (every op of
     /// Strict after the first) costs one signature and one lookup.
     programs: Mutex<Lru<(Preparation, Signature), Entry>>,
+    /// See [`Pipeline::lookup_coincident`]; at most [`MAX_STRUCTURES`].
+    structures: Mutex<Structures>,
     /// Tier 2, keyed by the program's fingerprint.
     executables: Mutex<Executables>,
     disk: Option<DiskCache>,
@@ -230,6 +243,7 @@ impl Pipeline {
             rewrite,
             plan,
             programs: Mutex::new(Lru::new(limits.entries, limits.bytes)),
+            structures: Mutex::new(AHashMap::new()),
             executables: Mutex::new(Lru::new(limits.entries, limits.bytes)),
             disk,
             counters: Counters::default(),
@@ -316,6 +330,10 @@ impl Pipeline {
         if let Some(ready) = self.lookup(&class, how) {
             return Ok(ready);
         }
+        let structure = (how, ShapeClass::structure_hash(trace));
+        if let Some(ready) = self.lookup_coincident(trace, &structure) {
+            return Ok(ready);
+        }
         let key = (how, class.signature.clone());
         count(&self.counters.tier1, false);
         let (prepared, executable, program_bytes) =
@@ -330,11 +348,34 @@ impl Pipeline {
         let added =
             programs.update(&key, |entry| entry.insert(sizes, instance.clone()), Entry::bytes);
         if added.is_none() {
+            let positions = ShapeClass::positions(trace).into();
+            let mut structures = self.structures.lock().unwrap();
+            if structures.len() >= MAX_STRUCTURES {
+                structures.clear();
+            }
+            structures.entry(structure).or_default().push((class.signature.clone(), positions));
             let entry = Entry::new(class, instance, program_bytes);
             let bytes = entry.bytes();
             programs.insert(key, entry, bytes);
         }
         Ok((executable, prepared))
+    }
+
+    /// Tier 1 for a trace whose class is new only because some of its sizes
+    /// coincide: a class of the same structure whose symbols, bound to this
+    /// trace's sizes position by position, give exactly its signature. Its
+    /// program, planned for sizes that differ, is valid where they are equal
+    /// and is resized to them.
+    fn lookup_coincident(
+        &self,
+        trace: &Trace,
+        structure: &(Preparation, u64),
+    ) -> Option<(Arc<dyn Executable>, Prepared)> {
+        let candidates = self.structures.lock().unwrap().get(structure)?.clone();
+        candidates.iter().find_map(|(signature, positions)| {
+            let class = ShapeClass::instance(trace, positions)?;
+            (class.signature == *signature).then(|| self.lookup(&class, structure.0)).flatten()
+        })
     }
 
     /// Tier 2: programs that two signatures share compile once. Also returns

@@ -109,17 +109,73 @@ impl SizeSymbols {
     }
 }
 
+/// Every size a shape class numbers, in its order: node by node, the
+/// value's shape and then the op's size attributes.
+fn for_each_size(trace: &mut Trace, mut f: impl FnMut(&mut usize)) {
+    for node in &mut trace.nodes {
+        node.meta.shape.iter_mut().chain(node.op.size_attrs_mut()).for_each(&mut f);
+    }
+}
+
 impl ShapeClass {
     pub fn of(trace: &Trace) -> ShapeClass {
         let mut symbols = SizeSymbols::default();
         let mut t = trace.clone();
-        for node in &mut t.nodes {
-            let sizes = node.meta.shape.iter_mut().chain(node.op.size_attrs_mut());
-            for d in sizes {
-                *d = symbols.symbol(*d).encoded();
-            }
-        }
+        for_each_size(&mut t, |d| *d = symbols.symbol(*d).encoded());
         ShapeClass { signature: Signature::of(&t), sizes: symbols.sizes }
+    }
+
+    /// The symbol of each size of 2 or more of `trace`, in order: with the
+    /// signature, what [`ShapeClass::instance`] needs to match another trace
+    /// against this class.
+    pub fn positions(trace: &Trace) -> Vec<u32> {
+        let mut symbols = SizeSymbols::default();
+        let mut positions = Vec::new();
+        for_each_size(&mut trace.clone(), |d| {
+            if let ClassSize::Symbol(k) = symbols.symbol(*d) {
+                positions.push(k as u32);
+            }
+        });
+        positions
+    }
+
+    /// A hash of `trace` with every size of 2 or more written alike: traces
+    /// whose classes differ only in which of their sizes happen to be equal
+    /// (a KV cache's length reaching a projection's width) share it.
+    pub fn structure_hash(trace: &Trace) -> u64 {
+        let mut t = trace.clone();
+        for_each_size(&mut t, |d| *d = (*d).min(2));
+        stable_hash64(&crate::canonical::to_bytes(&t))
+    }
+
+    /// `trace` as an instance of the class whose sizes of 2 or more have the
+    /// symbols `positions` (from [`ShapeClass::positions`]): that numbering
+    /// applied to `trace`, with each symbol's size here. None when a symbol
+    /// would take two sizes. A class whose symbols are distinct serves a
+    /// trace where two of them are equal: the caller compares the signature
+    /// with that class's.
+    pub fn instance(trace: &Trace, positions: &[u32]) -> Option<ShapeClass> {
+        let mut t = trace.clone();
+        let (mut at, mut sizes, mut consistent) = (0, Vec::new(), true);
+        for_each_size(&mut t, |d| {
+            if *d < 2 || !consistent {
+                return;
+            }
+            let Some(&k) = positions.get(at) else {
+                consistent = false;
+                return;
+            };
+            at += 1;
+            let k = k as usize;
+            match sizes.get(k) {
+                Some(&bound) => consistent &= bound == *d,
+                None if k == sizes.len() => sizes.push(*d),
+                None => consistent = false,
+            }
+            *d = ClassSize::Symbol(k).encoded();
+        });
+        (consistent && at == positions.len())
+            .then(|| ShapeClass { signature: Signature::of(&t), sizes })
     }
 
     /// Maps each size of `self` to the size of the same symbol in `other`
