@@ -197,7 +197,7 @@ impl<I: Input> PendingTrace<I> {
         let mut next = PendingTrace::new(self.epoch + 1, false);
         // The detector starts over with the new trace, keeping its buffers.
         next.repeats = self.repeats.take().map(RepeatDetector::restarted);
-        next.read_ahead = self.read_ahead.take().map(|r| r.restarted(false));
+        next.read_ahead = self.read_ahead.take().map(ReadAhead::restarted);
         let taken = std::mem::replace(self, next);
         let mut trace = taken.trace;
         let mut holders = Vec::new();

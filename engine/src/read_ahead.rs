@@ -18,7 +18,7 @@
 //! ahead). When a later trace reaches a read
 //! point with the same hash (the same units, in the same order, since its
 //! flush), it is flushed there, asynchronously. The next read ends the trace
-//! as a read does ([`ReadAhead::ran_ahead`]), so every step's traces start at
+//! as a read does (`Shared::materialize`), so every step's traces start at
 //! the same place and hit the cache. [`POINTS`] read points are kept, the
 //! latest learned, so a step that reads two values keeps both.
 
@@ -39,19 +39,15 @@ pub(crate) struct ReadAhead {
     unit_of: Vec<u32>,
     /// Read points learned: (units, hash of those units), oldest first.
     points: SmallVec<[(u32, u64); POINTS]>,
-    /// The previous trace was flushed at a read point: the next read ends
-    /// this one, as the read would have had it not been run ahead.
-    pub ran_ahead: bool,
 }
 
 impl ReadAhead {
     /// This state for a new trace: its position starts over, its read
     /// points stay.
-    pub fn restarted(mut self, ran_ahead: bool) -> Self {
+    pub fn restarted(mut self) -> Self {
         self.units = 0;
         self.prefixes.clear();
         self.unit_of.clear();
-        self.ran_ahead = ran_ahead;
         self
     }
 
@@ -108,7 +104,7 @@ mod tests {
             assert!(!r.end_unit(h));
         }
         r.learn(read);
-        let mut r = r.restarted(false);
+        let mut r = r.restarted();
         let mut cuts = Vec::new();
         for (node, &h) in units.iter().enumerate() {
             r.recorded(node);
@@ -141,7 +137,7 @@ mod tests {
         }
         r.learn(1);
         assert_eq!(r.points.len(), 1);
-        let mut r = r.restarted(false);
+        let mut r = r.restarted();
         let cut: Vec<bool> = [5u64, 2, 3]
             .iter()
             .enumerate()

@@ -46,8 +46,9 @@ pub(crate) struct Shared {
     in_flight: Mutex<VecDeque<Arc<Value>>>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
-    /// The last DeferAndFuse flush was a read-ahead (`read_ahead.rs`); the
-    /// pending trace's own flag, readable without its lock.
+    /// The last DeferAndFuse flush was a read-ahead (`read_ahead.rs`): the
+    /// next read ends the trace recorded since. Written under the pending
+    /// trace's lock, read without it first.
     ran_ahead: AtomicBool,
     /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
     dumps: Option<Dumps>,
@@ -360,7 +361,7 @@ impl Shared {
             // The value ran ahead of this read: the trace recorded since
             // ends here, as it would have had the read flushed it.
             let mut pending = self.pending.lock().unwrap();
-            if pending.read_ahead.as_ref().is_some_and(|r| r.ran_ahead) {
+            if self.ran_ahead.load(Ordering::Relaxed) {
                 self.flush(&mut pending, FlushReason::Read)?;
             }
         }
@@ -382,9 +383,8 @@ impl Shared {
         read: Option<&Value>,
     ) -> Result<()> {
         let plan = pending.take();
-        if let Some(r) = pending.read_ahead.as_mut() {
-            r.ran_ahead = reason == FlushReason::ReadAhead;
-            self.ran_ahead.store(r.ran_ahead, Ordering::Relaxed);
+        if pending.read_ahead.is_some() {
+            self.ran_ahead.store(reason == FlushReason::ReadAhead, Ordering::Relaxed);
         }
         let Some(plan) = plan else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
