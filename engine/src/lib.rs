@@ -26,6 +26,7 @@ pub mod disk_cache;
 mod display;
 pub mod dump;
 mod element;
+mod exact;
 mod foreign;
 mod fs_guard;
 mod lru;

@@ -1,7 +1,8 @@
 //! Op groups: in Strict, the primitives of one user-level op (a layer norm,
 //! a softmax, one aten op of the PyTorch binding) are recorded into a small
 //! pending trace of their own and run on the stream as one program, so the
-//! op costs one fused kernel, as in PyTorch, not one per primitive.
+//! op costs one fused kernel, as in PyTorch, not one per primitive. A group
+//! of one primitive (most aten ops) builds no trace: it runs as one op.
 //!
 //! A group is open on one thread for one context between `begin` and `end`;
 //! nested groups join the outermost. Reading a value of an open group (a
@@ -9,7 +10,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use trace_ir::{Error, Meta, Op, Result};
 
@@ -34,39 +35,96 @@ struct Open {
     /// The user-level op, for the errors of values it computes.
     name: String,
     depth: u32,
-    trace: PendingTrace<Arc<Value>>,
+    /// Apart from every other group's and trace's, so a value of this group
+    /// is never taken for a node of another.
+    epoch: u64,
+    body: Body,
 }
 
-/// A group's trace, ready to run: the primitives of `name`.
-pub(crate) struct Ready {
-    pub name: String,
-    pub plan: FlushPlan<Arc<Value>>,
+/// What an open group recorded. Most user-level ops are one primitive on
+/// values from outside (an aten `mul`): such a group never builds a trace,
+/// and runs as a one-op job. A second primitive moves both into a trace.
+enum Body {
+    Empty,
+    Single { op: Op, inputs: Vec<Arc<Value>>, value: Weak<Value> },
+    Trace(Box<PendingTrace<Arc<Value>>>),
+}
+
+/// A group's work, ready to run: the primitives of `name`.
+pub(crate) enum Ready {
+    Single { name: String, op: Op, inputs: Vec<Arc<Value>>, output: Arc<Value> },
+    Program { name: String, plan: FlushPlan<Arc<Value>> },
 }
 
 /// Groups watch for repeats, as DeferAndFuse does: a composite that is a
 /// loop written out (a QR's reflectors, an SVD's sweeps) is cut into
 /// programs that repeat, and so hit the cache, instead of one program too
 /// large to plan quickly.
-fn new_trace() -> PendingTrace<Arc<Value>> {
-    let mut trace = PendingTrace::new(EPOCHS.fetch_add(1, Ordering::Relaxed), false);
+fn new_trace(epoch: u64) -> PendingTrace<Arc<Value>> {
+    let mut trace = PendingTrace::new(epoch, false);
     // `PendingTrace::take` restarted the spare detector.
     trace.repeats = Some(SPARE.take().unwrap_or_default());
     trace
 }
 
-/// Takes what `trace` recorded, keeping its repeat detector for the next
-/// group of this thread.
-fn take(mut trace: PendingTrace<Arc<Value>>) -> Option<FlushPlan<Arc<Value>>> {
-    let plan = trace.take();
-    SPARE.set(trace.repeats.take());
-    plan
+impl Open {
+    /// Takes what the group recorded that someone still holds, leaving it
+    /// empty, in a new epoch (the values it gave out keep theirs).
+    fn take(&mut self) -> Option<Ready> {
+        let name = || self.name.clone();
+        self.epoch = EPOCHS.fetch_add(1, Ordering::Relaxed);
+        match std::mem::replace(&mut self.body, Body::Empty) {
+            Body::Empty => None,
+            Body::Single { op, inputs, value } => {
+                let output = value.upgrade()?;
+                Some(Ready::Single { name: name(), op, inputs, output })
+            }
+            Body::Trace(mut trace) => {
+                let plan = trace.take();
+                SPARE.set(trace.repeats.take());
+                plan.map(|plan| Ready::Program { name: name(), plan })
+            }
+        }
+    }
+
+    /// The group's body as a trace, moving a single primitive into one
+    /// (or dropping it, when nobody holds its value). On an error the body
+    /// stays as it was.
+    fn trace(&mut self) -> Result<&mut PendingTrace<Arc<Value>>> {
+        if !matches!(self.body, Body::Trace(_)) {
+            let mut trace = new_trace(self.epoch);
+            if let Body::Single { op, inputs, value } = &self.body {
+                if let Some(v) = value.upgrade() {
+                    let nodes =
+                        inputs.iter().map(|i| trace.node_of(i)).collect::<Result<Vec<_>>>()?;
+                    if let Some(r) = trace.repeats.as_mut() {
+                        r.push(crate::repeats::op_hash(op, &v.meta));
+                    }
+                    let node = trace.push(op.clone(), &nodes, v.meta.clone())?;
+                    *v.cell.lock().unwrap() = Cell::Deferred { node, epoch: self.epoch };
+                    trace.set_owner(node, value.clone());
+                }
+            }
+            self.body = Body::Trace(Box::new(trace));
+        }
+        match &mut self.body {
+            Body::Trace(trace) => Ok(trace),
+            _ => unreachable!("the body was just made a trace"),
+        }
+    }
 }
 
 /// Opens a group for `owner` on this thread, or joins the one open.
 pub(crate) fn begin(owner: usize, name: &str) {
     OPEN.with_borrow_mut(|open| match open.iter_mut().find(|g| g.owner == owner) {
         Some(g) => g.depth += 1,
-        None => open.push(Open { owner, name: name.into(), depth: 1, trace: new_trace() }),
+        None => open.push(Open {
+            owner,
+            name: name.into(),
+            depth: 1,
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
+            body: Body::Empty,
+        }),
     })
 }
 
@@ -79,19 +137,14 @@ pub(crate) fn end(owner: usize) -> Option<Ready> {
         if open[at].depth > 0 {
             return None;
         }
-        let g = open.swap_remove(at);
-        take(g.trace).map(|plan| Ready { name: g.name, plan })
+        open.swap_remove(at).take()
     })
 }
 
-/// What `owner`'s open group recorded so far, leaving the group open with an
-/// empty trace: for a read inside the group.
+/// What `owner`'s open group recorded so far, leaving the group open and
+/// empty: for a read inside the group.
 pub(crate) fn cut(owner: usize) -> Option<Ready> {
-    OPEN.with_borrow_mut(|open| {
-        let g = open.iter_mut().find(|g| g.owner == owner)?;
-        let trace = std::mem::replace(&mut g.trace, new_trace());
-        take(trace).map(|plan| Ready { name: g.name.clone(), plan })
-    })
+    OPEN.with_borrow_mut(|open| open.iter_mut().find(|g| g.owner == owner)?.take())
 }
 
 /// Records `op` into `owner`'s open group ([`is_open`] says there is one).
@@ -109,14 +162,39 @@ pub(crate) fn record(
             .iter_mut()
             .find(|g| g.owner == owner)
             .ok_or_else(|| Error::internal("engine", "no op group is open"))?;
-        let nodes = inputs.iter().map(|v| g.trace.node_of(v)).collect::<Result<Vec<_>>>()?;
+        if matches!(g.body, Body::Empty) && outside(inputs)? {
+            let value = Value::new(meta, Cell::Deferred { node: usize::MAX, epoch: g.epoch });
+            let inputs = inputs.iter().map(|v| Arc::clone(v)).collect();
+            g.body = Body::Single { op, inputs, value: Arc::downgrade(&value) };
+            return Ok((value, false));
+        }
+        let epoch = g.epoch;
+        let trace = g.trace()?;
+        let nodes = inputs.iter().map(|v| trace.node_of(v)).collect::<Result<Vec<_>>>()?;
         let hash = crate::repeats::op_hash(&op, &meta);
-        let repeated = g.trace.repeats.as_mut().is_some_and(|r| r.push(hash));
-        let node = g.trace.push(op, &nodes, meta.clone())?;
-        let value = Value::new(meta, Cell::Deferred { node, epoch: g.trace.epoch });
-        g.trace.set_owner(node, Arc::downgrade(&value));
-        Ok((value, repeated || g.trace.len() >= limit))
+        let repeated = trace.repeats.as_mut().is_some_and(|r| r.push(hash));
+        let node = trace.push(op, &nodes, meta.clone())?;
+        let value = Value::new(meta, Cell::Deferred { node, epoch });
+        trace.set_owner(node, Arc::downgrade(&value));
+        Ok((value, repeated || trace.len() >= limit))
     })
+}
+
+/// Whether `inputs` can be read by a single primitive as they are: none
+/// is deferred (a group's own values are; one deferred in another trace is
+/// an error that [`PendingTrace::node_of`] raises). A failed one fails the
+/// op here, as `node_of` would.
+fn outside(inputs: &[&Arc<Value>]) -> Result<bool> {
+    for v in inputs {
+        match &*v.cell.lock().unwrap() {
+            Cell::Deferred { .. } => return Ok(false),
+            Cell::Failed { error, op } => {
+                return Err(Error::poisoned_by(op.as_str(), error.clone()))
+            }
+            _ => {}
+        }
+    }
+    Ok(true)
 }
 
 /// Whether `owner` has a group open on this thread (cheap when none is).

@@ -34,6 +34,7 @@ use runtime::{Backend, Executable};
 use trace_ir::{Result, ShapeClass, Signature, Trace};
 
 use crate::disk_cache::{DiskCache, DiskCacheStats};
+use crate::exact::ExactTraces;
 use crate::lru::Lru;
 
 /// How a trace becomes a program.
@@ -147,6 +148,13 @@ struct Instance {
     resized_from: Option<ShapeClass>,
 }
 
+impl Instance {
+    fn served(self, rewrite: Option<RewriteReport>) -> (Arc<dyn Executable>, Prepared) {
+        let Instance { program, executable, resized_from } = self;
+        (executable, Prepared { program, rewrite, resized_from })
+    }
+}
+
 /// Everything tier 1 holds for one shape class.
 struct Entry {
     /// The sizes planned first, and what was planned for them: other sizes
@@ -210,6 +218,9 @@ pub(crate) struct Pipeline {
     /// Tier 1. Each entry also holds its executable, so a hit (every op of
     /// Strict after the first) costs one signature and one lookup.
     programs: Mutex<Lru<(Preparation, Signature), Entry>>,
+    /// Tier 1's front (see [`crate::exact`]): exact traces to their
+    /// instances, so a trace seen before costs no shape class.
+    exact: Mutex<ExactTraces<Instance>>,
     /// See [`Pipeline::lookup_coincident`]; at most [`MAX_STRUCTURES`].
     structures: Mutex<Structures>,
     /// Tier 2, keyed by the program's fingerprint.
@@ -243,6 +254,7 @@ impl Pipeline {
             rewrite,
             plan,
             programs: Mutex::new(Lru::new(limits.entries, limits.bytes)),
+            exact: Mutex::new(ExactTraces::new(limits)),
             structures: Mutex::new(AHashMap::new()),
             executables: Mutex::new(Lru::new(limits.entries, limits.bytes)),
             disk,
@@ -295,14 +307,23 @@ impl Pipeline {
         trace: &Trace,
         how: Preparation,
     ) -> Option<(Arc<dyn Executable>, Prepared)> {
-        self.lookup(&ShapeClass::of(trace), how)
+        if let Some(instance) = self.lookup_exact(trace, how) {
+            return Some(instance.served(None));
+        }
+        let instance = self.lookup(&ShapeClass::of(trace), how)?;
+        self.exact.lock().unwrap().insert(trace, how, instance.clone());
+        Some(instance.served(None))
     }
 
-    fn lookup(
-        &self,
-        class: &ShapeClass,
-        how: Preparation,
-    ) -> Option<(Arc<dyn Executable>, Prepared)> {
+    /// The front of tier 1 (counted as a hit when it has `trace`).
+    fn lookup_exact(&self, trace: &Trace, how: Preparation) -> Option<Instance> {
+        let instance = self.exact.lock().unwrap().get(trace, how)?;
+        count(&self.counters.tier1, true);
+        Some(instance)
+    }
+
+    /// Tier 1 by shape class (counted as a hit when it has `class`).
+    fn lookup(&self, class: &ShapeClass, how: Preparation) -> Option<Instance> {
         let key = (how, class.signature.clone());
         let hit = self.programs.lock().unwrap().update(
             &key,
@@ -315,9 +336,9 @@ impl Pipeline {
             },
             Entry::bytes,
         );
-        let Instance { program, executable, resized_from } = hit??;
+        let instance = hit??;
         count(&self.counters.tier1, true);
-        Some((executable, Prepared { program, rewrite: None, resized_from }))
+        Some(instance)
     }
 
     /// The executable for `trace`, and the program it runs.
@@ -326,23 +347,35 @@ impl Pipeline {
         trace: &Trace,
         how: Preparation,
     ) -> Result<(Arc<dyn Executable>, Prepared)> {
+        if let Some(instance) = self.lookup_exact(trace, how) {
+            return Ok(instance.served(None));
+        }
+        let (instance, rewrite) = self.instance(trace, how)?;
+        self.exact.lock().unwrap().insert(trace, how, instance.clone());
+        Ok(instance.served(rewrite))
+    }
+
+    /// Tier 1 by shape class, else the other tiers; a new program goes
+    /// into tier 1. With the report of the rewrite, when one ran.
+    fn instance(
+        &self,
+        trace: &Trace,
+        how: Preparation,
+    ) -> Result<(Instance, Option<RewriteReport>)> {
         let class = ShapeClass::of(trace);
-        if let Some(ready) = self.lookup(&class, how) {
-            return Ok(ready);
+        if let Some(instance) = self.lookup(&class, how) {
+            return Ok((instance, None));
         }
         let structure = (how, ShapeClass::structure_hash(trace));
-        if let Some(ready) = self.lookup_coincident(trace, &structure) {
-            return Ok(ready);
+        if let Some(instance) = self.lookup_coincident(trace, &structure) {
+            return Ok((instance, None));
         }
         let key = (how, class.signature.clone());
         count(&self.counters.tier1, false);
         let (prepared, executable, program_bytes) =
             self.prepare_and_compile(trace, how, &Signature::of(trace))?;
-        let instance = Instance {
-            program: prepared.program.clone(),
-            executable: executable.clone(),
-            resized_from: None,
-        };
+        let instance =
+            Instance { program: prepared.program.clone(), executable, resized_from: None };
         let mut programs = self.programs.lock().unwrap();
         let sizes = class.sizes.clone();
         let added =
@@ -354,11 +387,11 @@ impl Pipeline {
                 structures.clear();
             }
             structures.entry(structure).or_default().push((class.signature.clone(), positions));
-            let entry = Entry::new(class, instance, program_bytes);
+            let entry = Entry::new(class, instance.clone(), program_bytes);
             let bytes = entry.bytes();
             programs.insert(key, entry, bytes);
         }
-        Ok((executable, prepared))
+        Ok((instance, prepared.rewrite))
     }
 
     /// Tier 1 for a trace whose class is new only because some of its sizes
@@ -366,11 +399,7 @@ impl Pipeline {
     /// trace's sizes position by position, give exactly its signature. Its
     /// program, planned for sizes that differ, is valid where they are equal
     /// and is resized to them.
-    fn lookup_coincident(
-        &self,
-        trace: &Trace,
-        structure: &(Preparation, u64),
-    ) -> Option<(Arc<dyn Executable>, Prepared)> {
+    fn lookup_coincident(&self, trace: &Trace, structure: &(Preparation, u64)) -> Option<Instance> {
         let candidates = self.structures.lock().unwrap().get(structure)?.clone();
         candidates.iter().find_map(|(signature, positions)| {
             let class = ShapeClass::instance(trace, positions)?;

@@ -241,7 +241,8 @@ impl Shared {
                 let output = Value::new(meta, Cell::Queued);
                 let inputs = inputs.iter().map(|v| Arc::clone(v)).collect();
                 let stream = self.stream.as_ref().expect("Strict contexts have a stream");
-                stream.submit(Job::Run { op, inputs, output: output.clone() })?;
+                let name = op.name().into();
+                stream.submit(Job::Run { name, op, inputs, output: output.clone() })?;
                 Ok(output)
             }
             Mode::Debug => {
@@ -321,19 +322,26 @@ impl Shared {
         }
     }
 
-    /// Queues a group's program on the stream; its held values wait there.
+    /// Queues a group's work on the stream; its held values wait there.
     fn submit_group(&self, ready: op_group::Ready) -> Result<()> {
-        let op_group::Ready { name, plan } = ready;
-        for value in &plan.holders {
-            *value.cell.lock().unwrap() = Cell::Queued;
-        }
         let stream = self.stream.as_ref().expect("Strict contexts have a stream");
-        stream.submit(Job::Program {
-            name,
-            trace: plan.trace,
-            inputs: plan.inputs,
-            outputs: plan.holders,
-        })
+        match ready {
+            op_group::Ready::Single { name, op, inputs, output } => {
+                *output.cell.lock().unwrap() = Cell::Queued;
+                stream.submit(Job::Run { name: name.into(), op, inputs, output })
+            }
+            op_group::Ready::Program { name, plan } => {
+                for value in &plan.holders {
+                    *value.cell.lock().unwrap() = Cell::Queued;
+                }
+                stream.submit(Job::Program {
+                    name,
+                    trace: plan.trace,
+                    inputs: plan.inputs,
+                    outputs: plan.holders,
+                })
+            }
+        }
     }
 
     /// The buffer of `value`, running whatever it still waits on.

@@ -4,6 +4,7 @@
 //! programs of the flushes nobody waits for (a repeat or the pending cap
 //! cut the trace), so recording the next ops overlaps running them.
 
+use std::borrow::Cow;
 use std::sync::mpsc::{channel, Sender, SyncSender};
 use std::sync::Arc;
 
@@ -15,8 +16,9 @@ use crate::value::{forked_error, resolve_all, Value, FLUSH};
 use trace_ir::{Op, Trace};
 
 pub(crate) enum Job {
-    /// One primitive op.
+    /// One primitive op, of the user-level op `name`.
     Run {
+        name: Cow<'static, str>,
         op: Op,
         inputs: Vec<Arc<Value>>,
         output: Arc<Value>,
@@ -68,10 +70,10 @@ impl Stream {
                 // Ends when the context (the only sender) is dropped.
                 for job in receiver {
                     match job {
-                        Job::Run { op, inputs, output } => {
+                        Job::Run { name, op, inputs, output } => {
                             let result = run_job(&*backend, &pipeline, how, &op, &inputs);
                             drop(inputs);
-                            output.resolve(result, &format_args!("the {} op", op.name()));
+                            output.resolve(result, &format_args!("the {name} op"));
                         }
                         Job::Program { name, trace, inputs, outputs } => {
                             let result = run_program(&pipeline, how, &trace, &inputs);

@@ -101,3 +101,33 @@ fn groups_change_nothing_in_the_other_modes() {
         assert!(y.to_vec::<f32>().unwrap().iter().all(|v| *v > 0.0), "{mode}");
     }
 }
+
+#[test]
+fn a_group_of_one_primitive_runs_as_that_op_and_a_second_one_joins_it() {
+    let ctx = strict();
+    let x = ctx.randn(&[16, 8], DType::F32, 7).unwrap();
+    let y = ctx.randn(&[16, 8], DType::F32, 8).unwrap();
+    let (xs, ys) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+    let want: Vec<f32> = xs.iter().zip(&ys).map(|(a, b)| (a * b).exp()).collect();
+    // One primitive, then a second that reads it: one program for both.
+    let before = programs(&ctx);
+    let group = ctx.op_group("two");
+    let z = group.end(x.mul(&y).and_then(|p| p.exp())).unwrap();
+    assert!(close(&z.to_vec::<f32>().unwrap(), &want));
+    assert_eq!(programs(&ctx) - before, 1, "both primitives in one program");
+    // One primitive alone, read inside its group and after it.
+    let group = ctx.op_group("one");
+    let p = x.mul(&y).unwrap();
+    let inside = p.to_vec::<f32>().unwrap();
+    let p = group.end(Ok(p)).unwrap();
+    let product: Vec<f32> = xs.iter().zip(&ys).map(|(a, b)| a * b).collect();
+    assert!(close(&inside, &product) && close(&p.to_vec::<f32>().unwrap(), &product));
+    // A first primitive nobody holds is dropped when a second one comes.
+    let before = programs(&ctx);
+    let group = ctx.op_group("dropped");
+    drop(x.mul(&y).unwrap());
+    let e = group.end(y.exp()).unwrap();
+    let want: Vec<f32> = ys.iter().map(|b| b.exp()).collect();
+    assert!(close(&e.to_vec::<f32>().unwrap(), &want));
+    assert_eq!(programs(&ctx) - before, 1, "only exp ran");
+}

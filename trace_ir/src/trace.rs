@@ -43,7 +43,35 @@ impl Trace {
         &self.nodes[id].meta
     }
 
-    /// Appends an op after checking it against its inputs.
+    /// Equal node for node with literals compared bit for bit, so a
+    /// constant `-0.0` differs from `0.0` (as their signatures do) and a
+    /// NaN constant equals itself: the equality of in-memory caches that
+    /// hold exact traces.
+    pub fn identical(&self, other: &Trace) -> bool {
+        fn same_op(a: &Op, b: &Op) -> bool {
+            match (a, b) {
+                (
+                    Op::Full { value: v, shape: s, dtype: d },
+                    Op::Full { value: w, shape: t, dtype: e },
+                ) => v.to_bits() == w.to_bits() && s == t && d == e,
+                (
+                    Op::Arange { start: a0, step: a1, len: n, dtype: d },
+                    Op::Arange { start: b0, step: b1, len: m, dtype: e },
+                ) => {
+                    a0.to_bits() == b0.to_bits() && a1.to_bits() == b1.to_bits() && n == m && d == e
+                }
+                _ => a == b,
+            }
+        }
+        self.outputs == other.outputs
+            && self.nodes.len() == other.nodes.len()
+            && self
+                .nodes
+                .iter()
+                .zip(&other.nodes)
+                .all(|(a, b)| a.inputs == b.inputs && a.meta == b.meta && same_op(&a.op, &b.op))
+    }
+
     /// The trace of one op on fresh parameters, its result the one output:
     /// what Strict and Debug compile for each op.
     pub fn single_op(op: &Op, inputs: &[Meta]) -> Result<Trace> {
@@ -54,6 +82,7 @@ impl Trace {
         Ok(trace)
     }
 
+    /// Appends an op after checking it against its inputs.
     pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
         self.check_inputs(&op, inputs)?;
         let metas: SmallVec<[&Meta; 3]> = inputs.iter().map(|&i| &self.nodes[i].meta).collect();
