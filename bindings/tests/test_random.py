@@ -278,7 +278,7 @@ def test_random_without_bounds_covers_the_dtypes_range(dtype, top, no_fallback):
     assert 0.4 < b.double().mean().item() < 0.6
 
 
-@pytest.mark.parametrize("n", [1, 7, 1000])
+@pytest.mark.parametrize("n", [1, 7, 1000, 2049, 5000])
 def test_randperm_is_a_permutation(n, mode, no_fallback):
     torch.manual_seed(8)
     p = torch.randperm(n, device="tpu").cpu()
@@ -298,6 +298,17 @@ def test_randperm_places_each_element_uniformly(no_fallback):
     counts = torch.bincount(slots, minlength=6).double()
     assert ((counts - 100) ** 2 / 100).sum().item() < 20.52
     assert len({tuple(row.tolist()) for row in draws}) > 370
+
+
+def test_large_randperm_places_each_element_uniformly(no_fallback):
+    # Past the ranks' size the sorting network orders the draws: where the
+    # first 8 elements land over 40 permutations of 4096, in eighths of the
+    # range, is uniform (chi-square, 7 degrees of freedom, 0.1%: 24.32).
+    draws = torch.stack([torch.randperm(4096, device="tpu") for _ in range(40)]).cpu()
+    slots = torch.stack([(draws == v).int().argmax(dim=1) for v in range(8)]).flatten()
+    counts = torch.bincount(slots // 512, minlength=8).double()
+    assert ((counts - 40) ** 2 / 40).sum().item() < 24.32
+    assert len({tuple(row.tolist()) for row in draws}) == 40
 
 
 def test_multinomial_draws_categories_by_weight(mode, no_fallback):

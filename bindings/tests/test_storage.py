@@ -229,3 +229,31 @@ def test_a_run_of_a_flat_buffer_at_an_unaligned_offset_stays_on_the_engine(no_fa
     view.copy_(torch.full((3, 4), -1.0))
     want.copy_(torch.full((3, 4), -1.0))
     assert torch.equal(flat.cpu(), ref)
+
+
+# Layouts that are no box grid: windows that overlap, and strides that do
+# not divide each other. Each as (sizes, strides, offset) over the 24
+# elements of the base.
+GATHERED = [
+    ("windows", ((3, 4), (2, 1), 0)),
+    ("windows_offset", ((5, 6), (3, 1), 2)),
+    ("windows_transposed", ((4, 3), (1, 2), 1)),
+    ("coprime_strides", ((3, 3), (5, 2), 1)),
+    ("sliding_3d", ((2, 3, 4), (6, 3, 1), 0)),
+]
+
+
+@pytest.mark.parametrize("name,spec", GATHERED, ids=[n for n, _ in GATHERED])
+def test_views_outside_a_box_grid_read_and_write_as_on_cpu_on_the_engine(mode, name, spec):
+    deferfuse.reset_fallback_counts()
+    cpu_base, tpu_base = _base("cpu"), _base("tpu")
+    cpu_view, tpu_view = cpu_base.as_strided(*spec), tpu_base.as_strided(*spec)
+    torch.testing.assert_close(tpu_view.cpu(), cpu_view)
+    torch.testing.assert_close((tpu_view * 2).cpu(), cpu_view * 2)
+    # A copy into the view: where view elements share a base element, the
+    # last in memory order wins, as CPU's copy.
+    src = torch.arange(100, 100 + cpu_view.numel(), dtype=torch.float32).reshape(cpu_view.shape)
+    cpu_view.copy_(src)
+    tpu_view.copy_(src.to("tpu"))
+    torch.testing.assert_close(tpu_base.cpu(), cpu_base)
+    assert not deferfuse.fallback_counts(), deferfuse.fallback_counts()

@@ -3,14 +3,21 @@ elements of its root, exactly as PyTorch lays it out. Reading one lowers that
 layout to engine ops on the flattened root: pad to a whole number of rows,
 reshape into a "box" grid whose dimensions have the view's strides, slice the
 box, permute into the view's order and expand broadcast dimensions. Writing
-scatters the box back with a mask. Layouts that do not fit a box grid (e.g.
-overlapping windows) go through the CPU.
+scatters the box back with a mask. Layouts that do not fit a box grid
+(overlapping windows, strides that do not divide each other) are a gather:
+the root element of each view element, `offset + sum(i_k * stride_k)`, is
+computed on the engine and its rows read by a row gather. A write through
+such a view keeps, for each root element, the last view element written to
+it in memory order, as CPU's copy does.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+
+import torch
 
 from . import _engine, _state
 
@@ -107,7 +114,7 @@ def read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
         return root.reshape([numel]).slice(0, offset, offset + n, 1).reshape(list(spec[0]))
     p = plan(numel, spec)
     if p is None:
-        return _via_cpu_read(root, spec)
+        return _gather_read(root, spec)
     sizes, _, offset = spec
     if p.grid == [p.padded] or len(p.grid) == 1:
         v = _flat_padded(root, p.padded).slice(0, offset, offset + 1, 1)
@@ -140,7 +147,7 @@ def write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Te
                 "unsupported operation: more than one element of the written-to tensor refers to a single "
                 "memory location. Please clone() the tensor before performing the operation."
             )
-        return _via_cpu_write(root, spec, value)
+        return _gather_write(root, spec, value)
     eng = _state.engine()
     if len(p.grid) == 1:
         # One element of the flat root.
@@ -186,18 +193,46 @@ def _scatter_flat(root: _engine.Tensor, offset: int, flat_value: _engine.Tensor)
     return _state.engine().cat(parts, 0).reshape(shape)
 
 
-def _via_cpu_read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
+def _gather_read(root: _engine.Tensor, spec: Spec) -> _engine.Tensor:
+    """The view as a row gather of the flat root; the indices are computed on
+    the engine from the geometry, so they cost no upload and fuse."""
+    sizes, strides, offset = spec
+    eng = _state.engine()
+    index = eng.full(float(offset), [1] * len(sizes), "i64")
+    for d, (n, stride) in enumerate(zip(sizes, strides)):
+        if n > 1 and stride:
+            shape = [1] * len(sizes)
+            shape[d] = n
+            index = index.binary("add", eng.arange(0, n * stride, stride, "i64").reshape(shape))
+    count = math.prod(sizes)
+    index = index.expand(list(sizes)).reshape([count])
+    return root.reshape([math.prod(root.shape)]).gather_rows(index).reshape(list(sizes))
+
+
+@functools.lru_cache(maxsize=64)
+def _last_writers(numel: int, spec: Spec) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """For a write through the view: the order of its dimensions in memory
+    (largest stride first, the order CPU's copy runs in), and for each root
+    element whether the view covers it and which element, in that order,
+    writes it last."""
+    sizes, strides, offset = spec
+    order = sorted(range(len(sizes)), key=lambda d: -strides[d])
+    index = torch.arange(numel).as_strided(sizes, strides, offset).permute(order).reshape(-1)
+    last = torch.full((numel,), -1, dtype=torch.int64)
+    last.scatter_reduce_(0, index, torch.arange(index.numel()), "amax")
+    return order, last.ge(0), last.clamp(min=0)
+
+
+def _gather_write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Tensor:
     from . import _handles
 
-    _state.count_fallback("aten::as_strided (read of an overlapping view)")
-    cpu = _handles.to_cpu_value(root)
-    return _handles.from_cpu_value(cpu.as_strided(*spec).contiguous())
-
-
-def _via_cpu_write(root: _engine.Tensor, spec: Spec, value: _engine.Tensor) -> _engine.Tensor:
-    from . import _handles
-
-    _state.count_fallback("aten::as_strided (write through an overlapping view)")
-    cpu = _handles.to_cpu_value(root).clone()
-    cpu.as_strided(*spec).copy_(_handles.to_cpu_value(value))
-    return _handles.from_cpu_value(cpu)
+    shape = list(root.shape)
+    numel = math.prod(shape)
+    order, covered, source = _last_writers(numel, spec)
+    flat = value.cast(root.dtype)
+    if order != sorted(order):
+        flat = flat.permute(order)
+    flat = flat.reshape([math.prod(spec[0])])
+    written = flat.gather_rows(_handles.from_cpu_value(source))
+    kept = root.reshape([numel])
+    return _handles.from_cpu_value(covered).where_(written, kept).reshape(shape)

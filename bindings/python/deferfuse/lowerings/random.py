@@ -21,7 +21,8 @@ import torch
 from .. import _generator
 from .._engine import Tensor as ET
 from ._registry import Unsupported, broadcast_batch, dt, eng, lower
-from .sorting import _check_square, _place, _ranks, _refuse_if
+from .lookups import ONE_HOT_LIMIT
+from .sorting import _check_square, _network_order, _place, _ranks, _refuse_if
 
 _HALF = 4096.0  # 2^12: one Feistel half
 _PRIME = 4093.0  # the largest prime whose square is below 2^24
@@ -331,18 +332,20 @@ def randperm(
 ) -> ET:
     """The ranks of n distinct keyed draws (`_permuted`): element i is the
     number of draws below draw i, so the result is a permutation of 0..n-1
-    whose order the keys decide. Costs an n x n comparison, so large n
-    (`ONE_HOT_LIMIT`) runs on the CPU."""
+    whose order the keys decide. The ranks cost an n x n comparison; past
+    `ONE_HOT_LIMIT` the draws' positions in sorted order are taken instead,
+    from a sorting network (another permutation of the same draws)."""
     generator = _device_generator(generator)
     name = dt(dtype if dtype is not None else torch.int64)
     if n < 0 or name == "bool":
         raise Unsupported("a negative n or a bool randperm (the CPU raises PyTorch's error)")
     if name in _SIGNIFICAND and n > 1 << _SIGNIFICAND[name]:
         raise Unsupported("a randperm past the dtype's exact integers")
-    _check_square(1, n)
     if n == 0:
         return eng().full(0.0, [0], name)
     keys = _permuted(n, generator)
+    if n * n > ONE_HOT_LIMIT:
+        return _network_order(keys).cast(name)
     return _ranks(keys, False).cast(name)
 
 

@@ -110,6 +110,44 @@ def _place(rank: ET, value: ET, slots: int) -> ET:
     return picked.cast(value.dtype)
 
 
+def _network_order(keys: ET) -> ET:
+    """[n] i64: the positions of distinct f32 keys [n] in ascending order of
+    key, by a bitonic sorting network. The keys are padded to a power of two
+    with a key above every key (the padding sorts last, and is cut off);
+    each compare-exchange stage pairs elements `j` apart as the two halves
+    of a [rows, 2, j] reshape, and a row's direction alternates every
+    `k / 2j` rows in the merge of blocks of `k`. It costs n log^2 n element
+    steps, not the n^2 of ranks, so large permutations stay on the engine.
+    Ties would be ordered arbitrarily: only for distinct keys."""
+    n = keys.shape[0]
+    size = 1 << max(0, (n - 1).bit_length())
+    e = eng()
+    if size > n:
+        keys = e.cat([keys, e.full(float(1 << 25), [size - n], keys.dtype)], 0)
+    position = e.arange(0, size, 1, "i64")
+    k = 2
+    while k <= size:
+        j = k // 2
+        while j >= 1:
+            rows, block = size // (2 * j), k // (2 * j)
+            pairs = keys.reshape([rows, 2, j])
+            at = position.reshape([rows, 2, j])
+            a, b = pairs.slice(1, 0, 1, 1), pairs.slice(1, 1, 2, 1)
+            swap = a.binary("gt", b)
+            if 2 * block <= rows:
+                # Rows in odd blocks of k run descending: swap the other way.
+                up = e.full(0.0, [block], "bool")
+                pattern = e.cat([up, up.unary("logical_not")], 0)
+                down = pattern.reshape([1, 2 * block]).expand([rows // (2 * block), 2 * block])
+                swap = down.reshape([rows, 1, 1]).where_(b.binary("gt", a), swap)
+            pa, pb = at.slice(1, 0, 1, 1), at.slice(1, 1, 2, 1)
+            keys = e.cat([swap.where_(b, a), swap.where_(a, b)], 1).reshape([size])
+            position = e.cat([swap.where_(pb, pa), swap.where_(pa, pb)], 1).reshape([size])
+            j //= 2
+        k *= 2
+    return position.slice(0, 0, n, 1)
+
+
 def _sorted_last(x: ET, descending: bool) -> tuple[ET, ET]:
     """Stable sort of the last axis: (values, indices)."""
     n = x.shape[-1]
