@@ -249,3 +249,21 @@ def test_autoload_sets_up_the_device_during_import_torch():
         env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"},
     )
     assert off.returncode != 0
+
+
+def test_backward_runs_in_the_mode_of_the_thread_that_calls_it():
+    # Autograd's device threads are off: a `with deferfuse.mode(...)`
+    # block's backward is recorded in that mode, not in the process default.
+    with deferfuse.mode("strict"):
+        strict_before = deferfuse.stats()["ops_recorded"]
+    with deferfuse.mode("defer_and_fuse"):
+        x = torch.randn(8, 8, device="tpu", requires_grad=True)
+        loss = (x.exp() * 2).sum()
+        before = deferfuse.stats()["ops_recorded"]
+        loss.backward()
+        after = deferfuse.stats()["ops_recorded"]
+        grad = x.grad.cpu()
+    with deferfuse.mode("strict"):
+        strict_after = deferfuse.stats()["ops_recorded"]
+    assert after > before and strict_after == strict_before
+    torch.testing.assert_close(grad, x.detach().cpu().exp() * 2)

@@ -84,6 +84,15 @@ def _setup() -> None:
     _compile.register()
     distributed.register()
     _accelerate.register()
+    # Backward runs in the thread that calls it, in that thread's mode, as
+    # its forward did: autograd's device threads would run every backward
+    # op of `tpu` in the process default mode (a `with deferfuse.mode(...)`
+    # block's backward too) and hand each backward over between threads.
+    # The engine's flushes are asynchronous already, so a device thread
+    # would overlap nothing.
+    import torch
+
+    torch.autograd.set_multithreading_enabled(False)
     _ready = True
 
 
