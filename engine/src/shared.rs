@@ -46,10 +46,13 @@ pub(crate) struct Shared {
     in_flight: Mutex<VecDeque<Arc<Value>>>,
     ops_recorded: AtomicU64,
     flushes: AtomicU64,
-    /// The last DeferAndFuse flush was a read-ahead (`read_ahead.rs`): the
-    /// next read ends the trace recorded since. Written under the pending
-    /// trace's lock, read without it first.
-    ran_ahead: AtomicBool,
+    /// The last DeferAndFuse flush was a read-ahead (`read_ahead.rs`) or
+    /// the pending cap: the next read ends the trace recorded since, as it
+    /// would have had the read flushed it. A loop whose step is longer than
+    /// the cap (its loss computed in a chunk the cap cut off) then starts
+    /// every step's traces at the same op, and they repeat. Written under
+    /// the pending trace's lock, read without it first.
+    cut_at_read: AtomicBool,
     /// Fusion dumps (`TORCH_TPU_FUSION_DUMP`); absent when off.
     dumps: Option<Dumps>,
     /// Bounds checks of indexing ops not read yet (see `checks.rs`).
@@ -136,7 +139,7 @@ impl Shared {
             in_flight: Mutex::new(VecDeque::new()),
             ops_recorded: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
-            ran_ahead: AtomicBool::new(false),
+            cut_at_read: AtomicBool::new(false),
             dumps,
             checks: Default::default(),
         })
@@ -365,11 +368,9 @@ impl Shared {
                 }
                 self.flush_reading(&mut pending, FlushReason::Read, Some(value))?;
             }
-        } else if self.ran_ahead.load(Ordering::Relaxed) {
-            // The value ran ahead of this read: the trace recorded since
-            // ends here, as it would have had the read flushed it.
+        } else if self.cut_at_read.load(Ordering::Relaxed) {
             let mut pending = self.pending.lock().unwrap();
-            if self.ran_ahead.load(Ordering::Relaxed) {
+            if self.cut_at_read.load(Ordering::Relaxed) {
                 self.flush(&mut pending, FlushReason::Read)?;
             }
         }
@@ -391,9 +392,8 @@ impl Shared {
         read: Option<&Value>,
     ) -> Result<()> {
         let plan = pending.take();
-        if pending.read_ahead.is_some() {
-            self.ran_ahead.store(reason == FlushReason::ReadAhead, Ordering::Relaxed);
-        }
+        let cut_at_read = matches!(reason, FlushReason::ReadAhead | FlushReason::Cap);
+        self.cut_at_read.store(cut_at_read, Ordering::Relaxed);
         let Some(plan) = plan else { return Ok(()) };
         self.flushes.fetch_add(1, Ordering::Relaxed);
         let how = how(&self.config);

@@ -278,3 +278,30 @@ fn the_forward_is_flushed_ahead_once_the_loss_was_read_before() {
     use deferfuse::FlushReason::{Read, ReadAhead};
     assert_eq!(reasons, vec![None, Some(Read), Some(ReadAhead)]);
 }
+
+#[test]
+fn a_step_longer_than_the_cap_that_reads_its_loss_settles() {
+    // The cap (19 nodes, parameters included) cuts off the loss before its
+    // read, which then computes nothing; it still ends the trace, so every
+    // step's chunks start at the same op. (Without that, the chunks drift
+    // through nine steps of misses here.)
+    let ctx = Context::new(Config {
+        mode: Mode::DeferAndFuse,
+        max_pending_ops: 19,
+        cut_repeats: false,
+        read_ahead: false,
+        cache_dir: None,
+        ..Config::default()
+    })
+    .unwrap();
+    let x = ctx.randn(&[8, 16], DType::F32, 7).unwrap();
+    let mut mlp = Mlp::new(&ctx, 32, 1);
+    let misses: Vec<u64> = (0..20)
+        .map(|i| {
+            let loss = mlp.step_with_loss(&x, 0.01 / (1.0 + i as f64), true).unwrap().unwrap();
+            loss.item::<f32>().unwrap();
+            ctx.stats().cache.tier1.misses
+        })
+        .collect();
+    assert!(settles(&misses, 3), "misses per step: {misses:?}");
+}
