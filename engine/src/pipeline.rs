@@ -215,8 +215,9 @@ pub(crate) struct Pipeline {
     backend: Arc<dyn Backend>,
     rewrite: RewriteConfig,
     plan: PlanConfig,
-    /// Tier 1. Each entry also holds its executable, so a hit (every op of
-    /// Strict after the first) costs one signature and one lookup.
+    /// Tier 1. Each entry also holds its executable, so a hit costs one
+    /// signature and one lookup (a trace seen before, in [`Self::exact`],
+    /// not even the signature).
     programs: Mutex<Lru<(Preparation, Signature), Entry>>,
     /// Tier 1's front (see [`crate::exact`]): exact traces to their
     /// instances, so a trace seen before costs no shape class.
