@@ -68,21 +68,19 @@ fn new_trace(epoch: u64) -> PendingTrace<Arc<Value>> {
 }
 
 impl Open {
-    /// Takes what the group recorded that someone still holds, leaving it
-    /// empty, in a new epoch (the values it gave out keep theirs).
-    fn take(&mut self) -> Option<Ready> {
-        let name = || self.name.clone();
-        self.epoch = EPOCHS.fetch_add(1, Ordering::Relaxed);
-        match std::mem::replace(&mut self.body, Body::Empty) {
+    /// What the group recorded that someone still holds.
+    fn into_ready(self) -> Option<Ready> {
+        let name = self.name;
+        match self.body {
             Body::Empty => None,
             Body::Single { op, inputs, value } => {
                 let output = value.upgrade()?;
-                Some(Ready::Single { name: name(), op, inputs, output })
+                Some(Ready::Single { name, op, inputs, output })
             }
             Body::Trace(mut trace) => {
                 let plan = trace.take();
                 SPARE.set(trace.repeats.take());
-                plan.map(|plan| Ready::Program { name: name(), plan })
+                plan.map(|plan| Ready::Program { name, plan })
             }
         }
     }
@@ -137,14 +135,25 @@ pub(crate) fn end(owner: usize) -> Option<Ready> {
         if open[at].depth > 0 {
             return None;
         }
-        open.swap_remove(at).take()
+        open.swap_remove(at).into_ready()
     })
 }
 
 /// What `owner`'s open group recorded so far, leaving the group open and
-/// empty: for a read inside the group.
+/// empty, in a new epoch (the values it gave out keep theirs): for a read
+/// inside the group.
 pub(crate) fn cut(owner: usize) -> Option<Ready> {
-    OPEN.with_borrow_mut(|open| open.iter_mut().find(|g| g.owner == owner)?.take())
+    OPEN.with_borrow_mut(|open| {
+        let g = open.iter_mut().find(|g| g.owner == owner)?;
+        let empty = Open {
+            owner,
+            name: g.name.clone(),
+            depth: g.depth,
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
+            body: Body::Empty,
+        };
+        std::mem::replace(g, empty).into_ready()
+    })
 }
 
 /// Records `op` into `owner`'s open group ([`is_open`] says there is one).
@@ -163,6 +172,7 @@ pub(crate) fn record(
             .find(|g| g.owner == owner)
             .ok_or_else(|| Error::internal("engine", "no op group is open"))?;
         if matches!(g.body, Body::Empty) && outside(inputs)? {
+            // Its node is numbered if a second primitive moves it into a trace.
             let value = Value::new(meta, Cell::Deferred { node: usize::MAX, epoch: g.epoch });
             let inputs = inputs.iter().map(|v| Arc::clone(v)).collect();
             g.body = Body::Single { op, inputs, value: Arc::downgrade(&value) };
