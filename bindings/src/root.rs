@@ -215,6 +215,21 @@ impl PyRoot {
         matches!(&*self.cell.lock(), State::Shared { .. })
     }
 
+    /// For a transport that writes the storage in place (a collective): the
+    /// address and byte length of the value's host elements, which only this
+    /// storage holds from now on (`deferfuse::Tensor::exclusive_host`: a
+    /// value another tensor shares is copied first). Valid until the value
+    /// is replaced. None when the value is no engine tensor, lives in a
+    /// device's memory, or is bool.
+    fn exclusive_host(&self, py: Python<'_>) -> PyResult<Option<(usize, usize)>> {
+        let mut state = self.cell.lock();
+        let State::Engine(t) = &mut *state else { return Ok(None) };
+        let got = py.allow_threads(|| {
+            t.exclusive_host().map(|got| got.map(|(addr, nbytes)| (addr as usize, nbytes)))
+        });
+        got.map_err(crate::to_py)
+    }
+
     /// True when the value is an engine tensor of `engine`'s context (no
     /// import needed to compute with it there). Anything else is no engine.
     fn owned_by(&self, engine: &Bound<'_, PyAny>) -> bool {

@@ -198,6 +198,19 @@ def collectives(rank: int, world: int) -> dict:
 
     both("async_work", async_work)
 
+    def in_place_reaches_only_its_storage(dev, group):
+        # The transport writes a whole storage's engine buffer in place: a
+        # view must see the result; other tensors made from the input,
+        # recorded before the call, must keep the input's value.
+        t = _inputs(rank, torch.float32).to(dev)
+        view, copy, same, pending = t.view(4, -1), t.clone(), t * 1.0, t + 1.0
+        part = t[: N // 2]  # part of a storage: staged, then written back
+        dist.all_reduce(t, group=group)
+        dist.all_reduce(part, group=group)
+        return [t, view, copy, same, pending]
+
+    both("in_place_reaches_only_its_storage", in_place_reaches_only_its_storage)
+
     def functional(dev, group):
         import torch.distributed._functional_collectives as fc
 

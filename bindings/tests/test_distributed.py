@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 WORKERS = Path(__file__).with_name("dist_workers.py")
 TRAINING_REL = 1e-5
@@ -43,7 +44,7 @@ def test_every_collective_and_dtype_equals_gloo_on_cpu(world):
     for report in _run("collectives", world):
         assert "error" not in report, report.get("trace")
         cases = {k: v for k, v in report.items() if k != "rank"}
-        assert len(cases) >= 59  # every op and dtype case of dist_workers.collectives
+        assert len(cases) >= 60  # every op and dtype case of dist_workers.collectives
         # A failure message, or a difference from gloo on CPU tensors.
         wrong = {
             k: v
@@ -64,6 +65,36 @@ def test_ddp_fsdp2_and_dtensor_equal_single_process_training():
         assert report["tensor_parallel_mlp"] <= 1e-5, report
         assert report["asymmetric"] == 0.0, report
         assert report["compiled_collective"] == 0.0, report
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_a_transport_writes_a_whole_storage_in_place_and_reaches_no_other(mode):
+    """What collectives hand the transport for a whole storage: the engine's
+    own buffer, written in place (no copy back), that only this storage sees."""
+    import deferfuse
+    from deferfuse import _handles
+
+    with deferfuse.mode(mode):
+        t = torch.arange(12.0).to("tpu")
+        view, copy, same, pending = t.view(3, 4), t.clone(), t * 1.0, t + 1.0
+        alias = _handles.host_alias(t)
+        assert alias is not None and alias.device.type == "cpu"
+        alias.fill_(7.0)
+        assert torch.equal(t.cpu(), torch.full((12,), 7.0)) and torch.equal(
+            view.cpu(), torch.full((3, 4), 7.0)
+        )
+        want = torch.arange(12.0)
+        assert torch.equal(copy.cpu(), want) and torch.equal(same.cpu(), want)
+        assert torch.equal(pending.cpu(), want + 1)
+        # The same storage again: its buffer is its own now, so once the
+        # first alias (which holds the value too) is gone, nothing is copied.
+        address = alias.data_ptr()
+        del alias
+        assert _handles.host_alias(t).data_ptr() == address
+        # Part of a storage, a bool storage, an empty one: no alias (staged instead).
+        assert _handles.host_alias(t[2:]) is None
+        assert _handles.host_alias(torch.ones(3, dtype=torch.bool).to("tpu")) is None
+        assert _handles.host_alias(torch.ones(0).to("tpu")) is None
 
 
 def test_mismatched_calls_and_a_dead_rank_are_clear_errors_not_hangs():

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use runtime::HostData;
+use runtime::{Buffer, HostData};
 use trace_ir::{DType, Error, Meta, Result};
 
 use crate::element::Element;
 use crate::shared::Shared;
-use crate::value::Value;
+use crate::value::{Cell, Value};
 
 /// A tensor of deferfuse. Cloning it is cheap (a reference count); it can be
 /// sent to and shared between threads.
@@ -65,6 +65,39 @@ impl Tensor {
             Some(data) => Ok(read(data)),
             None => Ok(read(&self.ctx.backend.download(&buffer)?)),
         }
+    }
+
+    /// The value's host elements, for a caller that writes them in place
+    /// (a collective's transport): their address and byte length, valid
+    /// while this handle keeps its value and nothing else replaces it.
+    /// Materializes the value first. When another tensor shares the value
+    /// or its buffer, this handle first takes a private copy, so that the
+    /// writes reach no one else; otherwise nothing is copied. `None` where
+    /// the value lives in a device backend's memory, and for bools (see
+    /// [`HostData::bytes_mut`]).
+    pub fn exclusive_host(&mut self) -> Result<Option<(*mut u8, usize)>> {
+        if self.dtype() == DType::Bool {
+            return Ok(None);
+        }
+        let buffer = self.ctx.materialize(&self.value)?;
+        self.ctx.raise_failed_checks()?;
+        let Some(data) = buffer.host_data() else { return Ok(None) };
+        let shared = Arc::strong_count(&self.value) > 1 || Arc::strong_count(&buffer) > 2;
+        if shared {
+            let copy = self.ctx.backend.upload(self.value.meta.clone(), data.clone())?;
+            self.value = Value::new(self.value.meta.clone(), Cell::Ready(copy));
+        }
+        drop(buffer);
+        let mut cell = self.value.cell.lock().unwrap();
+        let Cell::Ready(buffer) = &mut *cell else {
+            return Err(Error::internal("exclusive_host", "a materialized value is not ready"));
+        };
+        // Only this value holds the buffer now: a stream job that resolved
+        // it may still have held it above, in which case it was copied.
+        let data = Arc::get_mut(buffer)
+            .and_then(Buffer::host_data_mut)
+            .ok_or_else(|| Error::internal("exclusive_host", "the private buffer is shared"))?;
+        Ok(data.bytes_mut())
     }
 
     /// The elements in row-major order, converted to `T` as a cast would.

@@ -41,6 +41,23 @@ impl HostData {
         self.len() == 0
     }
 
+    /// The address and byte length of the elements, for a caller that
+    /// writes raw values of the dtype in place. `None` for bools: a Rust
+    /// `bool` must hold 0 or 1, which a writer of raw bytes cannot promise.
+    pub fn bytes_mut(&mut self) -> Option<(*mut u8, usize)> {
+        fn raw<T>(v: &mut [T]) -> Option<(*mut u8, usize)> {
+            Some((v.as_mut_ptr().cast(), std::mem::size_of_val(v)))
+        }
+        match self {
+            HostData::Bool(_) => None,
+            HostData::I32(v) => raw(v),
+            HostData::I64(v) => raw(v),
+            HostData::BF16(v) => raw(v),
+            HostData::F16(v) => raw(v),
+            HostData::F32(v) => raw(v),
+        }
+    }
+
     /// Every element widened to f64 (exact for all our dtypes but large i64).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match self {

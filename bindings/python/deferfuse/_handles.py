@@ -13,6 +13,7 @@ root, so every alias of the storage sees it, as on CPU.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Union
 
@@ -249,6 +250,25 @@ def _grow(root: Root, value: Value, spec: Spec) -> Value:
         grown = eng.cat([value.reshape([numel]), eng.full(0.0, [need - numel], value.dtype)], 0)
     root.set(grown)
     return grown
+
+
+def host_alias(t: torch.Tensor) -> torch.Tensor | None:
+    """A CPU tensor over the engine's own host buffer of `t`, for a transport
+    (a collective) that reads and writes it in place. The buffer becomes the
+    storage's alone first (a value that another tensor shares is copied), so
+    writes reach `t`'s storage and nothing else; the CPU tensor keeps it
+    alive. None unless `t` is all of its storage and its value an engine
+    tensor in host memory (not bool)."""
+    root = root_of(t)
+    if not t.numel() or not _covers(t, root) or type(_current(root)) is not _engine.Tensor:
+        return None
+    got = root.exclusive_host()
+    if got is None:
+        return None
+    addr, nbytes = got
+    memory = (ctypes.c_byte * nbytes).from_address(addr)
+    memory.owner = root.value
+    return torch.frombuffer(memory, dtype=t.dtype).view(t.shape)
 
 
 def to_cpu_value(v: Value) -> torch.Tensor:

@@ -106,14 +106,34 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def _aliased(t: torch.Tensor) -> torch.Tensor | None:
+    """The engine's own buffer of `t` as a host tensor the transport may
+    write (`_handles.host_alias`), marked so that `_write_back` skips it."""
+    alias = _handles.host_alias(t) if t.device.type == "tpu" else None
+    if alias is not None:
+        alias._deferfuse_alias_of = t
+    return alias
+
+
+def _in_place(t: torch.Tensor) -> torch.Tensor:
+    """A host tensor for `t` that the transport reads and writes: the
+    engine's buffer itself where `t` is all of its storage (no copy either
+    way), else a staged copy."""
+    alias = _aliased(t)
+    return _host(t) if alias is None else alias
+
+
 def _host_like(t: torch.Tensor) -> torch.Tensor:
     """A host tensor for an output the transport writes whole."""
-    return _POOL.take(t.shape, t.dtype) if t.device.type == "tpu" else t
+    if t.device.type != "tpu":
+        return t
+    alias = _aliased(t)
+    return _POOL.take(t.shape, t.dtype) if alias is None else alias
 
 
 def _write_back(targets: Sequence[torch.Tensor], hosts: Sequence[torch.Tensor]) -> None:
     for t, h in zip(targets, hosts):
-        if t is not h:
+        if t is not h and getattr(h, "_deferfuse_alias_of", None) is not t:
             t.copy_(h)
 
 
@@ -261,7 +281,7 @@ class TpuDistBackend(_CBackend):
     ) -> dist.Work:
         self._agree(call.__name__, tensors)
         red = _Reduction(opts.reduceOp, self._size)
-        hosts = red.before([_host(t) for t in tensors])
+        hosts = red.before([_in_place(t) for t in tensors])
         call(hosts, _with_op(opts, red.op, make)).wait()
         red.after(hosts)
         _write_back(tensors, hosts)
@@ -328,7 +348,7 @@ class TpuDistBackend(_CBackend):
     @_POOL.staged
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         self._agree("broadcast", tensors)
-        hosts = [_host(t) for t in tensors]
+        hosts = [_in_place(t) for t in tensors]
         self.transport.broadcast(hosts, opts).wait()
         _write_back(tensors, hosts)
         return _done(tensors)
