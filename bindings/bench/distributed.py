@@ -52,13 +52,13 @@ def _bandwidth(world: int, gloo: dist.ProcessGroup) -> list[dict]:
             ("tpu", "tpu", None, True),
             ("tpu_unchecked", "tpu", None, False),
         ):
-            tpu_dist._check_calls = check  # TORCH_TPU_DIST_CHECK_CALLS, per run
+            tpu_dist.impl._check_calls = check  # TORCH_TPU_DIST_CHECK_CALLS, per run
             t = torch.ones(nbytes // 4, device=device)
             dist.all_reduce(t, group=group)  # warm: connections, cache
             seconds = _median_s(lambda t=t, group=group: dist.all_reduce(t, group=group), reps)
             row[f"{name}_ms"] = seconds * 1e3
             row[f"{name}_busbw_gbs"] = nbytes * 2 * (world - 1) / world / seconds / 1e9
-        tpu_dist._check_calls = True
+        tpu_dist.impl._check_calls = True
         rows.append(row)
     return rows
 

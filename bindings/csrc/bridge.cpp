@@ -12,6 +12,7 @@
 //                                      its root, in the root's dtype, of `engine`'s
 //                                      context (the hot path of reading an operand), else None
 //   install_native(ops)             -> registers the native kernels (native.cpp)
+//   install_dist()                  -> the c10d backend class of `tpu_dist` (dist.cpp)
 
 #include <Python.h>
 
@@ -28,6 +29,8 @@ namespace deferfuse {
 
 // native.cpp: registers the C++ kernels of the ops the engine lowers natively.
 PyObject* install_native(PyObject* ops);
+// dist.cpp: registers and returns `TpuDistBackend`.
+PyObject* install_dist(PyObject* module);
 
 namespace {
 
@@ -166,10 +169,14 @@ PyObject* whole_value(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* install_native_py(PyObject*, PyObject* ops) { return install_native(ops); }
 
+PyObject* install_dist_py(PyObject* module, PyObject*) { return install_dist(module); }
+
 PyMethodDef methods[] = {
     {"install", &install, METH_O, "Reads the engine's C ABI table from its capsule."},
     {"install_native", &install_native_py, METH_O,
      "Registers the native kernels: a list of (aten name, native op id, Python kernel)."},
+    {"install_dist", &install_dist_py, METH_NOARGS,
+     "The c10d backend class of tpu_dist, registered on first call (after torch.distributed is imported)."},
     {"whole_value", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&whole_value)), METH_FASTCALL,
      "The root's value if the tensor is all of its root in the given engine's context, else None."},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&new_tensor)), METH_FASTCALL,

@@ -458,7 +458,20 @@ def defaults(rank: int, world: int) -> dict:
     dist.all_reduce(c, group=both)
     dist.all_reduce(t, group=both)
     dist.monitored_barrier(group=both, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    # Works answer is_completed(); a receive from any source learns its sender.
+    work = dist.all_reduce(torch.ones(2, device="tpu"), async_op=True)
+    work.wait()
+    completed = work.is_completed()
+    got = torch.zeros(2, device="tpu")
+    if rank == 0:
+        sender = dist.recv(got)  # src=None: any rank
+    else:
+        sender = None
+        dist.send(torch.full((2,), 7.0 + rank, device="tpu"), dst=0)
     return {
+        "completed": completed,
+        "sender": sender,
+        "received": got.cpu().tolist(),
         "default": type(default._get_backend(torch.device("tpu"))).__name__,
         "both": [type(both._get_backend(torch.device(d))).__name__ for d in ("cpu", "tpu")],
         "tpu_sum": t.cpu().tolist(),

@@ -112,12 +112,16 @@ def test_mismatched_calls_and_a_dead_rank_are_clear_errors_not_hangs():
     assert 2.5 < survivor["late_s"] < 8, survivor
 
 
-def test_tpu_dist_is_the_default_for_tpu_and_pairs_with_gloo_for_cpu():
-    for report in _run("defaults", 2):
+def test_tpu_dist_is_the_default_for_tpu_pairs_with_gloo_and_its_works_answer_as_gloos_do():
+    reports = _run("defaults", 2)
+    for report in reports:
         assert "error" not in report, report.get("trace")
         assert report["default"] == "TpuDistBackend"
         assert report["both"] == ["ProcessGroupGloo", "TpuDistBackend"]
         assert report["tpu_sum"] == [6.0] * 3 and report["cpu_sum"] == [3.0] * 3
+        assert report["completed"] is True
+    receiver = next(r for r in reports if r["rank"] == 0)
+    assert receiver["sender"] == 1 and receiver["received"] == [8.0, 8.0], receiver
 
 
 def test_ranks_on_one_host_build_each_program_once(tmp_path):

@@ -6,11 +6,18 @@ torch.device("tpu", 0))` and the default backend of a `tpu` tensor pick it,
 and DDP, FSDP2, DTensor and c10d's functional collectives run on `tpu`
 tensors as they do on CUDA ones.
 
-The seam: every collective stages its `tpu` tensors on the host, hands the
-host tensors to a *transport* (any c10d backend of CPU tensors: gloo over
-TCP today) with the caller's options, waits, and writes what the transport
-wrote back into the `tpu` tensors. A PJRT plugin's own collectives replace
-the transport per backend without touching this class (`docs/distributed.md`).
+The backend c10d sees is `TpuDistBackend`, a C++ class (`bindings/csrc/
+dist.cpp`) that hands every call to `Collectives` below, so that the works
+it returns answer `is_completed()` and the sender of a receive from any
+source (c10d's own wrapper of a Python backend forwards only `wait` and
+`get_future`).
+
+The seam: every collective puts its `tpu` tensors on the host (the engine's
+own buffer where a tensor is a whole storage, else a staged copy), hands
+the host tensors to a *transport* (any c10d backend of CPU tensors: gloo
+over TCP today) with the caller's options, waits, and writes staged results
+back into the `tpu` tensors. A PJRT plugin's own collectives replace the
+transport per backend without touching this class (`docs/distributed.md`).
 
 Staging reads the inputs, so a collective is a materialization point: in
 DeferAndFuse it runs what its inputs wait on (ranks that recorded different
@@ -32,7 +39,7 @@ import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _CBackend
 
-from . import _handles
+from . import _handles, _native
 
 NAME = "tpu_dist"
 _RedOp = dist.ReduceOp.RedOpType
@@ -161,7 +168,13 @@ class _Landing(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._inner.is_completed()
+        if not self._inner.is_completed():
+            return False
+        self._land()
+        return True
+
+    def _source_rank(self) -> int:
+        return self._inner._source_rank()
 
     def get_future(self) -> torch.futures.Future:
         return self._inner.get_future().then(lambda _: self._land())
@@ -226,27 +239,16 @@ def _describe(tensors: Sequence[torch.Tensor]) -> str:
     return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
 
 
-class TpuDistBackend(_CBackend):
-    """A c10d backend for `tpu` tensors over a transport of host tensors."""
+class Collectives:
+    """What `TpuDistBackend` calls: c10d's collectives on `tpu` tensors over a
+    transport of host tensors (method names as c10d's Python backends use)."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
         self._size = size
         from . import _state
 
         self._check_calls = _state.config()["dist_check_calls"]
         self.transport = dist.ProcessGroupGloo(dist.PrefixStore("tpu_dist/gloo/", store), rank, size, timeout)
-
-    def getBackendName(self) -> str:  # noqa: N802 - c10d's name
-        return NAME
-
-    # c10d reads these through Python attributes: the base class's would call
-    # back into this object forever.
-    supports_splitting = property(lambda self: False)
-    supports_coalescing = property(lambda self: True)
-    supports_shrinking = property(lambda self: False)
-    supports_reconfigure = property(lambda self: False)
-    _supports_time_estimate = property(lambda self: False)
 
     def _agree(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
         """Raises, on every rank, if the ranks called `op` with different
@@ -266,11 +268,8 @@ class TpuDistBackend(_CBackend):
             listed = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
             raise RuntimeError(f"tpu_dist: the ranks made different collective calls ({listed})")
 
-    # Collectives run when called, so a coalescing window needs no buffering:
-    # its end returns a completed work.
-    def start_coalescing(self) -> None:
-        pass
-
+    # Collectives run when called, so a coalescing window needs no buffering
+    # (its start is a no-op in C++): its end returns a completed work.
     def end_coalescing(self) -> dist.Work:
         return _done([])
 
@@ -448,8 +447,9 @@ class TpuDistBackend(_CBackend):
         return _done([])
 
 
-def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> TpuDistBackend:
-    return TpuDistBackend(store, rank, size, timeout)
+def _create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> _CBackend:
+    backend_class = _native.bridge().install_dist()
+    return backend_class(rank, size, Collectives(store, rank, size, timeout))
 
 
 def register() -> None:
