@@ -184,6 +184,54 @@ def test_foreach_adamw_step_matches_cpu(mode, python_path):
     assert not {k for k in ran if k.startswith("_foreach")}, ran
 
 
+OPTIMIZERS = {
+    "adam_amsgrad_foreach": lambda ps: torch.optim.Adam(
+        ps, lr=0.01, amsgrad=True, weight_decay=0.1, foreach=True
+    ),
+    "adam_fused": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, maximize=True, fused=True),
+    "adamw_amsgrad_fused": lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(0.01), amsgrad=True, fused=True),
+    "sgd_fused": lambda ps: torch.optim.SGD(
+        ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, fused=True
+    ),
+    "sgd_fused_plain": lambda ps: torch.optim.SGD(ps, lr=0.1, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_fused_and_amsgrad_optimizer_steps_match_cpu_on_the_engine(mode, name, no_fallback):
+    # Tolerance: float32, the same formulas as the CPU kernels in another
+    # order of operations (1e-5 relative).
+    torch.manual_seed(0)
+    params = [torch.randn(8, 8), torch.randn(5)]
+    results = []
+    for device in ("cpu", "tpu"):
+        ps = [torch.nn.Parameter(p.clone().to(device)) for p in params]
+        opt = OPTIMIZERS[name](ps)
+        for step in range(3):
+            for p, q in zip(ps, params):
+                p.grad = (q * (step + 1.5)).sin().to(device)
+            opt.step()
+        results.append([p.detach().cpu() for p in ps])
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fused_step_with_found_inf_changes_nothing_and_unscales_like_cpu(mode, no_fallback):
+    start, grad = torch.randn(6), torch.randn(6) * 1024.0
+    for found in (0.0, 1.0):
+        results = []
+        for device in ("cpu", "tpu"):
+            p = torch.nn.Parameter(start.clone().to(device))
+            p.grad = grad.clone().to(device)
+            opt = torch.optim.AdamW([p], lr=0.1, fused=True)
+            opt.grad_scale = torch.tensor(1024.0, device=device)
+            opt.found_inf = torch.tensor(found, device=device)
+            opt.step()
+            results.append((p.detach().cpu(), p.grad.cpu(), opt.state[p]["exp_avg"].cpu()))
+        for got, want in zip(*reversed(results)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_autograd_through_native_kernels(mode):
     a, ta = pair(3, 4, seed=5)
     w, tw = pair(4, 2, seed=6)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _engine, _grad_scaler, _handles, _native, _rnn, _state
+from . import _engine, _fused_optim, _grad_scaler, _handles, _native, _rnn, _state
 from . import lowerings as _lowerings
 from ._engine import Tensor as ET
 from ._handles import from_cpu, is_tpu, new_tensor, read, to_cpu, to_cpu_value, write
@@ -330,7 +330,11 @@ def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
     """`_foreach_foo(lists...)`: `foo` on each element, through the dispatcher."""
     base = op._schema.name.split("::")[1][len("_foreach_") :]
     inplace = base.endswith("_")
-    single = getattr(aten, base)
+    # `_foreach_maximum_` has no `maximum_`: the functional op, copied into self.
+    copied = inplace and not hasattr(aten, base)
+    single = getattr(aten, base[:-1] if copied else base)
+    # `_foreach_maximum(xs, 0.5)` is `clamp_min`: `maximum` takes tensors only.
+    by_number = {"maximum": aten.clamp_min, "minimum": aten.clamp_max}.get(base.rstrip("_"))
     # Foreach ops pass some scalars positionally that `foo` takes by keyword
     # (`_foreach_addcmul_(..., value)` vs `addcmul_(..., *, value)`).
     schema = getattr(single, single.overloads()[0])._schema
@@ -343,7 +347,11 @@ def foreach_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
         for i in range(n):
             item = [a[i] if isinstance(a, (list, tuple)) and len(a) == n else a for a in args]
             extra = dict(zip(keyword, item[positional:]))
-            results.append(single(*item[:positional], **extra, **kwargs))
+            fn = by_number if by_number is not None and not isinstance(item[1], torch.Tensor) else single
+            result = fn(*item[:positional], **extra, **kwargs)
+            if copied:
+                item[0].copy_(result)
+            results.append(result)
         return None if inplace else results
 
     return kernel
@@ -683,6 +691,11 @@ def register() -> None:
         "binding: _grad_scaler.non_finite_check_and_unscale_ (engine ops)",
     )
     impl("_amp_update_scale_", _grad_scaler.update_scale_, "binding: _grad_scaler.update_scale_ (engine ops)")
+    for name, step in (("_fused_adam_", _fused_optim.adam_), ("_fused_adamw_", _fused_optim.adamw_)):
+        for overload in (name, f"{name}.tensor_lr"):
+            impl(overload, step, f"binding: _fused_optim.{step.__name__} (engine ops)")
+    for overload in ("_fused_sgd_", "_fused_sgd_.tensor_lr"):
+        impl(overload, _fused_optim.sgd_, "binding: _fused_optim.sgd_ (engine ops)")
     # What `index_put_` and the backward of indexing call: `index_put`'s
     # lowering, in place (`unsafe` only skips checks the lowering makes anyway).
     impl(
@@ -768,7 +781,8 @@ def register() -> None:
             continue
         if packet_name.startswith("_foreach_"):
             single = packet_name[len("_foreach_") :]
-            if hasattr(aten, single) and not overload.startswith("out") and "out" not in overload:
+            exists = hasattr(aten, single) or (single.endswith("_") and hasattr(aten, single[:-1]))
+            if exists and not overload.startswith("out") and "out" not in overload:
                 impl(key, foreach_kernel(op), f"each element through `aten::{single}`")
                 continue
         twin = _functional_twin(op)
