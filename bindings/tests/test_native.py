@@ -198,7 +198,7 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_fused_and_amsgrad_optimizer_steps_match_cpu_on_the_engine(mode, name, no_fallback):
+def test_fused_and_amsgrad_optimizer_steps_match_cpu_on_the_engine(mode, name, no_fallback, python_path):
     # Tolerance: float32, the same formulas as the CPU kernels in another
     # order of operations (1e-5 relative).
     torch.manual_seed(0)
@@ -214,6 +214,8 @@ def test_fused_and_amsgrad_optimizer_steps_match_cpu_on_the_engine(mode, name, n
         results.append([p.detach().cpu() for p in ps])
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    ran = python_path()  # the optimizer's C++ kernels ran every step
+    assert not {k for k in ran if k.startswith(("_fused", "_foreach"))}, ran
 
 
 def test_a_fused_step_with_found_inf_changes_nothing_and_unscales_like_cpu(mode, no_fallback):

@@ -1,6 +1,9 @@
 """The fused optimizer steps (`Adam(fused=True)`, `AdamW(fused=True)`,
 `SGD(fused=True)`: `_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`), on the
-engine.
+engine. The C++ layer runs the same steps without Python
+(`bindings/src/native/ops.rs`) and leaves these Python kernels the
+arguments it does not take (a learning rate on `tpu`, a view among the
+tensors).
 
 Each is the same arithmetic as PyTorch's CPU kernel, written as engine ops
 on every parameter, so a step becomes part of the pending trace (one fused

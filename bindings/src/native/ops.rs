@@ -5,7 +5,7 @@
 //! Python side derives them (`_dispatch.inplace_kernel`, `foreach_kernel`).
 
 use deferfuse::{Context, DType, GeluApproximation, Result, Scalar, ScalarOrTensor, Tensor};
-use smallvec::smallvec;
+use smallvec::{smallvec, SmallVec};
 
 use super::{Done, Operand, Outcome, Ret, A};
 use crate::root::{from_scalar_type, Cell};
@@ -675,6 +675,209 @@ fn copy_from<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
     Ok(Some(Done { outs: smallvec![Ret::Input(1)], writes: smallvec![(*cell, value)] }))
 }
 
+/// The fused optimizer steps (`_fused_adam_`, `_fused_adamw_`,
+/// `_fused_sgd_`): the arithmetic of their Python twins in
+/// `deferfuse/_fused_optim.py`, which holds the why. Every tensor they write
+/// must be all of its storage and a float; a learning rate on `tpu` is left
+/// to Python.
+struct Optimizer<'x, 'a> {
+    a: &'x [A<'a>],
+    /// GradScaler's `found_inf == 1`: every write keeps its old value.
+    skip: Option<Tensor>,
+    grad_scale: Option<Tensor>,
+    writes: SmallVec<[(&'a Cell, Tensor); 1]>,
+}
+
+fn number(x: &A<'_>) -> Option<f64> {
+    match *x {
+        A::Float(v) => Some(v),
+        A::Int(v) => Some(v as f64),
+        _ => None,
+    }
+}
+
+fn flag(x: &A<'_>) -> Option<bool> {
+    match *x {
+        A::Bool(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn f32(t: &Tensor) -> Result<Tensor> {
+    t.to_dtype(DType::F32)
+}
+
+impl<'x, 'a> Optimizer<'x, 'a> {
+    /// `None` unless the `lists` leading lists all have `n` float tensors
+    /// that are whole storages (`may_be_empty`: a list that may be empty).
+    fn new(
+        a: &'x [A<'a>],
+        lists: usize,
+        may_be_empty: &[usize],
+        scale_at: usize,
+    ) -> Option<(Self, usize)> {
+        let A::List(first) = arg(a, 0) else { return None };
+        let n = first.len();
+        for i in 0..lists {
+            let A::List(items) = arg(a, i) else { return None };
+            if items.is_empty() && may_be_empty.contains(&i) {
+                continue;
+            }
+            let whole_float = |x: &A<'_>| matches!(x, A::Tensor(Operand { value, whole: Some(_) }) if is_float(value));
+            if items.len() != n || !items.iter().all(whole_float) {
+                return None;
+            }
+        }
+        let optional = |x: &A<'a>| match x {
+            A::None => Some(None),
+            A::Tensor(o) => Some(Some(o.value.clone())),
+            _ => None,
+        };
+        let grad_scale = optional(arg(a, scale_at))?;
+        let found_inf = optional(arg(a, scale_at + 1))?;
+        let skip = found_inf.map(|f| f.eq(1.0)).transpose().ok()?;
+        Some((Optimizer { a, skip, grad_scale, writes: SmallVec::new() }, n))
+    }
+
+    fn item(&self, list: usize, i: usize) -> (&'a Cell, &Tensor) {
+        let A::List(items) = &self.a[list] else { unreachable!("checked in new") };
+        let A::Tensor(Operand { value, whole: Some(cell) }) = &items[i] else {
+            unreachable!("checked in new")
+        };
+        (*cell, value)
+    }
+
+    /// Element `i` of `list` in float32.
+    fn read(&self, list: usize, i: usize) -> Result<Tensor> {
+        f32(self.item(list, i).1)
+    }
+
+    /// Element `i` of `list` takes `value` (unless `found_inf`).
+    fn write(&mut self, list: usize, i: usize, value: Tensor) -> Result<()> {
+        let (cell, target) = self.item(list, i);
+        let value = match &self.skip {
+            Some(skip) => skip.where_cond(f32(target)?, value)?,
+            None => value,
+        };
+        self.writes.push((cell, value.to_dtype(target.dtype())?));
+        Ok(())
+    }
+
+    /// The gradient, unscaled by GradScaler's scale (written back, as the CPU kernel does).
+    fn gradient(&mut self, list: usize, i: usize, maximize: bool) -> Result<Tensor> {
+        let mut g = self.read(list, i)?;
+        if let Some(scale) = self.grad_scale.clone() {
+            g = g.div(scale)?;
+            self.write(list, i, g.clone())?;
+        }
+        if maximize {
+            g = g.neg()?;
+        }
+        Ok(g)
+    }
+
+    fn done(self) -> Done<'a> {
+        Done { outs: smallvec![], writes: self.writes }
+    }
+}
+
+/// `base ** step` for a step count held in a tensor.
+fn power(base: f64, step: &Tensor) -> Result<Tensor> {
+    if base == 0.0 {
+        return f32(step)?.mul(0.0);
+    }
+    f32(step)?.mul(base.ln())?.exp()
+}
+
+fn fused_adam<'a>(a: &[A<'a>], decoupled: bool) -> Outcome<'a> {
+    let [Some(lr), Some(beta1), Some(beta2), Some(weight_decay), Some(eps)] =
+        [6, 7, 8, 9, 10].map(|i| number(arg(a, i)))
+    else {
+        return Ok(None);
+    };
+    let (Some(amsgrad), Some(maximize)) = (flag(arg(a, 11)), flag(arg(a, 12))) else {
+        return Ok(None);
+    };
+    let steps_are_tensors =
+        matches!(arg(a, 5), A::List(s) if s.iter().all(|x| x.tensor().is_some()));
+    let Some((mut opt, n)) = Optimizer::new(a, 5, &[4], 13).filter(|_| steps_are_tensors) else {
+        return Ok(None);
+    };
+    if amsgrad && !matches!(arg(a, 4), A::List(m) if m.len() == n) {
+        return Ok(None);
+    }
+    for i in 0..n {
+        let mut p = opt.read(0, i)?;
+        let mut g = opt.gradient(1, i, maximize)?;
+        if weight_decay != 0.0 {
+            if decoupled {
+                p = p.mul(1.0 - lr * weight_decay)?;
+            } else {
+                g = g.add(p.mul(weight_decay)?)?;
+            }
+        }
+        let exp_avg = opt.read(2, i)?;
+        let exp_avg = exp_avg.add(g.sub(exp_avg.clone())?.mul(1.0 - beta1)?)?;
+        let exp_avg_sq = opt.read(3, i)?.mul(beta2)?.add(g.mul(g.clone())?.mul(1.0 - beta2)?)?;
+        let A::List(steps) = arg(a, 5) else { unreachable!("checked above") };
+        let step = steps[i].tensor().expect("checked above");
+        let step_size = power(beta1, step)?.neg()?.add(1.0)?.reciprocal()?.mul(lr)?;
+        let correction2_sqrt = power(beta2, step)?.neg()?.add(1.0)?.sqrt()?;
+        let mut second = exp_avg_sq.clone();
+        if amsgrad {
+            second = opt.read(4, i)?.maximum(exp_avg_sq.clone())?;
+            opt.write(4, i, second.clone())?;
+        }
+        let denom = second.sqrt()?.div(correction2_sqrt)?.add(eps)?;
+        let update = exp_avg.mul(step_size)?.div(denom)?;
+        opt.write(2, i, exp_avg)?;
+        opt.write(3, i, exp_avg_sq)?;
+        opt.write(0, i, p.sub(update)?)?;
+    }
+    Ok(Some(opt.done()))
+}
+
+fn fused_adam_<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    fused_adam(a, false)
+}
+
+fn fused_adamw_<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    fused_adam(a, true)
+}
+
+fn fused_sgd_<'a>(_: &Context, a: &[A<'a>]) -> Outcome<'a> {
+    let [Some(weight_decay), Some(momentum), Some(lr), Some(dampening)] =
+        [3, 4, 5, 6].map(|i| number(arg(a, i)))
+    else {
+        return Ok(None);
+    };
+    let [Some(nesterov), Some(maximize), Some(first_step)] = [7, 8, 9].map(|i| flag(arg(a, i)))
+    else {
+        return Ok(None);
+    };
+    let Some((mut opt, n)) = Optimizer::new(a, 3, &[2], 10) else { return Ok(None) };
+    if momentum != 0.0 && !matches!(arg(a, 2), A::List(m) if m.len() == n) {
+        return Ok(None);
+    }
+    for i in 0..n {
+        let p = opt.read(0, i)?;
+        let mut g = opt.gradient(1, i, maximize)?;
+        if weight_decay != 0.0 {
+            g = g.add(p.mul(weight_decay)?)?;
+        }
+        if momentum != 0.0 {
+            let buf = match first_step {
+                true => g.clone(),
+                false => opt.read(2, i)?.mul(momentum)?.add(g.mul(1.0 - dampening)?)?,
+            };
+            opt.write(2, i, buf.clone())?;
+            g = if nesterov { g.add(buf.mul(momentum)?)? } else { buf };
+        }
+        opt.write(0, i, p.sub(g.mul(lr)?)?)?;
+    }
+    Ok(Some(opt.done()))
+}
+
 macro_rules! table {
     ($($name:literal => $form:ident($f:ident)),* $(,)?) => {
         pub static OPS: &[NativeOp] = &[
@@ -768,6 +971,9 @@ table! {
     "_foreach_addcdiv_.ScalarList" => foreach_inplace(addcdiv),
     "_foreach_lerp.Scalar" => foreach(lerp), "_foreach_lerp_.Scalar" => foreach_inplace(lerp),
     "_foreach_lerp.List" => foreach(lerp), "_foreach_lerp_.List" => foreach_inplace(lerp),
+    "_fused_adam_.default" => direct(fused_adam_), "_fused_adam_.tensor_lr" => direct(fused_adam_),
+    "_fused_adamw_.default" => direct(fused_adamw_), "_fused_adamw_.tensor_lr" => direct(fused_adamw_),
+    "_fused_sgd_.default" => direct(fused_sgd_), "_fused_sgd_.tensor_lr" => direct(fused_sgd_),
     "_foreach_maximum.List" => foreach(maximum), "_foreach_maximum_.List" => foreach_inplace(maximum),
     "_foreach_maximum.Scalar" => foreach(maximum), "_foreach_maximum_.Scalar" => foreach_inplace(maximum),
     "_foreach_maximum.ScalarList" => foreach(maximum),
