@@ -48,7 +48,9 @@ def route(qualified: str) -> tuple[str, str]:
     if op is not None and _dispatch._is_view(op):
         return "PyTorch", "a view: PyTorch's metadata over `as_strided`"
     # The dispatcher prefers these kernels to the backend fallback.
-    if _has(qualified, "CompositeExplicitAutograd") or _has(qualified, "CompositeExplicitAutogradNonFunctional"):
+    if _has(qualified, "CompositeExplicitAutograd") or _has(
+        qualified, "CompositeExplicitAutogradNonFunctional"
+    ):
         return "PyTorch", "PyTorch's explicit composite, into other ops"
     return "CPU", "CPU fallback"
 

@@ -118,6 +118,17 @@ impl PyTensor {
             .map_err(to_py)?
     }
 
+    /// The address and byte length of the materialized value's host
+    /// elements, for a reader that keeps this tensor alive meanwhile; None
+    /// where the value lives in a device's memory.
+    fn host_address(&self, py: Python<'_>) -> PyResult<Option<(usize, usize)>> {
+        let t = self.inner.clone();
+        let got = py.allow_threads(|| {
+            t.host_address().map(|got| got.map(|(addr, nbytes)| (addr as usize, nbytes)))
+        });
+        got.map_err(to_py)
+    }
+
     fn unary(&self, name: &str) -> R {
         match unary_op(&self.inner, name) {
             Some(t) => wrap(t),

@@ -91,6 +91,12 @@ def test_a_transport_writes_a_whole_storage_in_place_and_reaches_no_other(mode):
         address = alias.data_ptr()
         del alias
         assert _handles.host_alias(t).data_ptr() == address
+        # A reader's view: the buffer itself (no copy); it keeps the value it
+        # read alive when the storage moves on to a new value.
+        view = _handles.host_view(t)
+        assert view.data_ptr() == address
+        t.add_(1.0)
+        assert torch.equal(view, torch.full((12,), 7.0)) and torch.equal(t.cpu(), torch.full((12,), 8.0))
         # Part of a storage, a bool storage, an empty one: no alias (staged instead).
         assert _handles.host_alias(t[2:]) is None
         assert _handles.host_alias(torch.ones(3, dtype=torch.bool).to("tpu")) is None

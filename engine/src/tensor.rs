@@ -67,6 +67,16 @@ impl Tensor {
         }
     }
 
+    /// The address and byte length of the value's host elements, for a
+    /// caller that only reads them (a collective's transport): no copy.
+    /// Valid while this handle keeps its value. Materializes the value
+    /// first; `None` where it lives in a device backend's memory.
+    pub fn host_address(&self) -> Result<Option<(*const u8, usize)>> {
+        let buffer = self.ctx.materialize(&self.value)?;
+        self.ctx.raise_failed_checks()?;
+        Ok(buffer.host_data().map(HostData::bytes))
+    }
+
     /// The value's host elements, for a caller that writes them in place
     /// (a collective's transport): their address and byte length, valid
     /// while this handle keeps its value and nothing else replaces it.

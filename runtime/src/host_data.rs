@@ -41,6 +41,22 @@ impl HostData {
         self.len() == 0
     }
 
+    /// The address and byte length of the elements, to read them as raw
+    /// values of the dtype (a bool is one byte holding 0 or 1).
+    pub fn bytes(&self) -> (*const u8, usize) {
+        fn raw<T>(v: &[T]) -> (*const u8, usize) {
+            (v.as_ptr().cast(), std::mem::size_of_val(v))
+        }
+        match self {
+            HostData::Bool(v) => raw(v),
+            HostData::I32(v) => raw(v),
+            HostData::I64(v) => raw(v),
+            HostData::BF16(v) => raw(v),
+            HostData::F16(v) => raw(v),
+            HostData::F32(v) => raw(v),
+        }
+    }
+
     /// The address and byte length of the elements, for a caller that
     /// writes raw values of the dtype in place. `None` for bools: a Rust
     /// `bool` must hold 0 or 1, which a writer of raw bytes cannot promise.

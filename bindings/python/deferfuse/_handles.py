@@ -252,6 +252,36 @@ def _grow(root: Root, value: Value, spec: Spec) -> Value:
     return grown
 
 
+def _over(address: tuple[int, int], owner: Value, t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor of `t`'s shape over `nbytes` at `addr`, which keeps
+    `owner` (whose buffer that memory is) alive."""
+    addr, nbytes = address
+    memory = (ctypes.c_byte * nbytes).from_address(addr)
+    memory.owner = owner
+    return torch.frombuffer(memory, dtype=t.dtype).view(t.shape)
+
+
+def _whole_engine_value(t: torch.Tensor) -> Root | None:
+    """`t`'s root, when `t` is all of it and its value an engine tensor."""
+    root = root_of(t)
+    if not t.numel() or not _covers(t, root) or type(_current(root)) is not _engine.Tensor:
+        return None
+    return root
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor | None:
+    """A CPU tensor over the engine's own host buffer of `t`, for a reader
+    (a collective's transport) that only reads it: nothing is copied, and
+    the CPU tensor keeps the value alive. None unless `t` is all of its
+    storage and its value an engine tensor in host memory."""
+    root = _whole_engine_value(t)
+    if root is None:
+        return None
+    value = root.value
+    address = value.host_address()
+    return None if address is None else _over(address, value, t)
+
+
 def host_alias(t: torch.Tensor) -> torch.Tensor | None:
     """A CPU tensor over the engine's own host buffer of `t`, for a transport
     (a collective) that reads and writes it in place. The buffer becomes the
@@ -259,16 +289,11 @@ def host_alias(t: torch.Tensor) -> torch.Tensor | None:
     writes reach `t`'s storage and nothing else; the CPU tensor keeps it
     alive. None unless `t` is all of its storage and its value an engine
     tensor in host memory (not bool)."""
-    root = root_of(t)
-    if not t.numel() or not _covers(t, root) or type(_current(root)) is not _engine.Tensor:
+    root = _whole_engine_value(t)
+    if root is None:
         return None
-    got = root.exclusive_host()
-    if got is None:
-        return None
-    addr, nbytes = got
-    memory = (ctypes.c_byte * nbytes).from_address(addr)
-    memory.owner = root.value
-    return torch.frombuffer(memory, dtype=t.dtype).view(t.shape)
+    address = root.exclusive_host()
+    return None if address is None else _over(address, root.value, t)
 
 
 def to_cpu_value(v: Value) -> torch.Tensor:

@@ -113,6 +113,15 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def _readable(t: torch.Tensor) -> torch.Tensor:
+    """A host tensor for an input the transport only reads: the engine's
+    buffer itself where `t` is all of its storage, else a staged copy. Take
+    inputs before outputs: an output of the same storage then finds its
+    value shared (the view holds it) and gets a buffer of its own."""
+    view = _handles.host_view(t) if t.device.type == "tpu" else None
+    return _host(t) if view is None else view
+
+
 def _aliased(t: torch.Tensor) -> torch.Tensor | None:
     """The engine's own buffer of `t` as a host tensor the transport may
     write (`_handles.host_alias`), marked so that `_write_back` skips it."""
@@ -368,8 +377,9 @@ class Collectives:
     @_POOL.staged
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         self._agree("all_gather_into_tensor", [output, input])
+        host_in = _readable(input)
         host_out = _host_like(output)
-        self.transport._allgather_base(host_out, _host(input), opts).wait()
+        self.transport._allgather_base(host_out, host_in, opts).wait()
         _write_back([output], [host_out])
         return _done([output])
 
@@ -387,24 +397,27 @@ class Collectives:
         self, call: Callable, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> dist.Work:
         """A call whose outputs come in one list per input (all_gather, gather)."""
+        host_in = [_readable(t) for t in inputs]
         host_out = [[_host_like(t) for t in group] for group in outputs]
-        call(host_out, [_host(t) for t in inputs], opts).wait()
+        call(host_out, host_in, opts).wait()
         for group, hosts in zip(outputs, host_out):
             _write_back(group, hosts)
         return _done(outputs)
 
     @_POOL.staged
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        host_in = [[_readable(t) for t in group] for group in inputs]
         host_out = [_host_like(t) for t in outputs]
-        self.transport.scatter(host_out, [[_host(t) for t in group] for group in inputs], opts).wait()
+        self.transport.scatter(host_out, host_in, opts).wait()
         _write_back(outputs, host_out)
         return _done(outputs)
 
     @_POOL.staged
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
         self._agree("all_to_all", inputs)
+        host_in = [_readable(t) for t in inputs]
         host_out = [_host_like(t) for t in outputs]
-        self.transport.alltoall(host_out, [_host(t) for t in inputs], opts).wait()
+        self.transport.alltoall(host_out, host_in, opts).wait()
         _write_back(outputs, host_out)
         return _done(outputs)
 
@@ -417,8 +430,9 @@ class Collectives:
         in_splits: list[int],
         opts: Any,  # noqa: A002
     ) -> dist.Work:
+        host_in = _readable(input)
         host_out = _host_like(output)
-        self.transport.alltoall_base(host_out, _host(input), out_splits, in_splits, opts).wait()
+        self.transport.alltoall_base(host_out, host_in, out_splits, in_splits, opts).wait()
         _write_back([output], [host_out])
         return _done([output])
 
@@ -429,7 +443,7 @@ class Collectives:
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         # The transport's work keeps the staged host tensors alive until sent.
-        return self.transport.send([_host(t) for t in tensors], dst, tag)
+        return self.transport.send([_readable(t) for t in tensors], dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
         hosts = [_host_like(t) for t in tensors]
