@@ -535,16 +535,41 @@ def test_convolution_backward_matches_cpu(mode, no_fallback, case, mask):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
-def test_transposed_convolution_backward_falls_back_with_its_arguments_in_place():
-    # The engine does not lower transposed convolutions; their backward runs
-    # PyTorch's CPU kernel, which takes one more argument (the bias's size).
+TRANSPOSED = [
+    # (dims, in channels, out channels, kernel, stride, padding, output padding, dilation, groups, spatial)
+    (1, 4, 6, 3, 2, 1, 1, 1, 2, 7),
+    (2, 4, 6, 3, 2, 1, 0, 1, 2, 5),
+    (2, 3, 4, (2, 3), (3, 1), (0, 1), (2, 0), (1, 2), 1, 6),
+    (3, 2, 4, 2, 2, 0, 1, 1, 1, 4),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED)
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)])
+def test_transposed_convolution_and_its_backward_match_cpu(mode, no_fallback, case, mask):
+    dims, cin, cout, k, s, p, op, d, g, size = case
+    cls = (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)[dims - 1]
     torch.manual_seed(0)
-    conv = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2)
-    x = torch.randn(2, 4, 5, 5)
+    conv = cls(cin, cout, k, stride=s, padding=p, output_padding=op, dilation=d, groups=g)
+    x = torch.randn([2, cin] + [size] * dims)
+    want = _conv_gradients("cpu", conv, x, mask)
+    got = _conv_gradients("tpu", conv, x, mask)
+    for a, b in zip(want, got):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_convolution_the_engine_does_not_take_falls_back_with_its_arguments_in_place():
+    # float64 stays on the CPU: the backward runs PyTorch's CPU kernel, which
+    # takes one more argument than the overrideable op (the bias's size).
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2).double()
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
     mask = (True, True, True)
     want, got = _conv_gradients("cpu", conv, x, mask), _conv_gradients("tpu", conv, x, mask)
     for a, b in zip(want, got):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])

@@ -45,21 +45,29 @@ def addmv(self: ET, mat: ET, vec: ET, *, beta: Any = 1, alpha: Any = 1) -> ET:
     return addmm(self, mat, vec, beta=beta, alpha=alpha)
 
 
-def _geometry(
-    input: ET, weight: ET, stride: Any, padding: Any, dilation: Any, transposed: bool
-) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Stride, padding, dilation and output size of a convolution the
-    lowerings take (not transposed, batched, float, non-empty)."""
+def _check_operands(input: ET, weight: ET) -> int:
+    """The number of spatial dimensions of a convolution the lowerings take
+    (batched, float, non-empty)."""
     n = len(weight.shape) - 2
     if (
-        transposed
-        or len(input.shape) != n + 2
+        len(input.shape) != n + 2
         or not is_float(input)
         or input.dtype != weight.dtype
         or math.prod(input.shape) == 0
         or math.prod(weight.shape) == 0
     ):
-        raise Unsupported("transposed, unbatched, integer or empty convolution")
+        raise Unsupported("unbatched, integer or empty convolution")
+    return n
+
+
+def _geometry(
+    input: ET, weight: ET, stride: Any, padding: Any, dilation: Any, transposed: bool
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Stride, padding, dilation and output size of a convolution the
+    lowerings take (not transposed, batched, float, non-empty)."""
+    if transposed:
+        raise Unsupported("a transposed convolution")
+    n = _check_operands(input, weight)
     s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
     k = list(weight.shape[2:])
     spatial = list(input.shape[2:])
@@ -67,6 +75,26 @@ def _geometry(
     if any(o <= 0 for o in out):
         raise Unsupported("convolution window larger than the input")
     _check_size(input.shape[0] * input.shape[1] * math.prod(k), math.prod(out))
+    return s, p, d, out
+
+
+def _transposed_geometry(
+    input: ET, weight: ET, stride: Any, padding: Any, dilation: Any, output_padding: Any
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Stride, padding, dilation and output size of a transposed
+    convolution: the convolution with the same weight maps an output of
+    that size back to `input`'s, and the transposed one is its gradient."""
+    n = _check_operands(input, weight)
+    s, p, d = _pool_param(stride, n, 1), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
+    extra = _pool_param(output_padding, n, 0)
+    k = list(weight.shape[2:])
+    out = [
+        (size - 1) * ss - 2 * pp + dd * (kk - 1) + ee + 1
+        for size, kk, ss, pp, dd, ee in zip(input.shape[2:], k, s, p, d, extra)
+    ]
+    if any(o <= 0 for o in out) or any(e >= max(ss, dd) for e, ss, dd in zip(extra, s, d)):
+        raise Unsupported("a transposed convolution PyTorch rejects")  # for PyTorch's own error
+    _check_size(input.shape[0] * weight.shape[1] * math.prod(k), math.prod(input.shape[2:]))
     return s, p, d, out
 
 
@@ -111,6 +139,55 @@ def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any)
     return cols if len(self.shape) == 4 else cols.reshape(list(cols.shape[1:]))
 
 
+def _forward(
+    input: ET, weight: ET, s: list[int], p: list[int], d: list[int], out: list[int], groups: int
+) -> ET:
+    """im2col and one batched matmul with the weight, per group."""
+    k = list(weight.shape[2:])
+    batch, channels = input.shape[0], input.shape[1]
+    cols = _columns(input, k, s, p, d, out)  # [N, C, K, *out]
+    per_group = channels // groups
+    cols = cols.reshape([batch, groups, per_group * math.prod(k), math.prod(out)])
+    w = weight.reshape([1, groups, weight.shape[0] // groups, per_group * math.prod(k)])
+    return w.matmul(cols).reshape([batch, weight.shape[0]] + out)
+
+
+def _input_gradient(
+    grad_output: ET, weight: ET, s: list[int], p: list[int], d: list[int], spatial: list[int], groups: int
+) -> ET:
+    """The gradient of a convolution's input of `spatial` size (channels
+    from the weight) from its output's: the transposed matmul, then col2im."""
+    k = list(weight.shape[2:])
+    taps, out = math.prod(k), list(grad_output.shape[2:])
+    batch, out_per_group = grad_output.shape[0], weight.shape[0] // groups
+    channels = weight.shape[1] * groups
+    gy = grad_output.reshape([batch, groups, out_per_group, math.prod(out)])
+    w = weight.reshape([1, groups, out_per_group, weight.shape[1] * taps]).permute([0, 1, 3, 2])
+    cols = w.matmul(gy).reshape([batch, channels, taps] + out)
+    pieces = (
+        (o, cols.slice(2, i, i + 1, 1).reshape([batch, channels] + out)) for i, o in enumerate(_offsets(k))
+    )
+    padded = [size + 2 * pp for size, pp in zip(spatial, p)]
+    return add_windows_back(pieces, 2, s, d, p, spatial, padded)
+
+
+def _weight_gradient(
+    grad_output: ET, input: ET, weight_shape: list[int], s: list[int], p: list[int], d: list[int], groups: int
+) -> ET:
+    """The gradient of a convolution's weight: one matmul per group over
+    every (sample, position) pair (a matmul per sample then a sum would
+    write the weight's size once per sample)."""
+    k, out = weight_shape[2:], list(grad_output.shape[2:])
+    batch, channels = input.shape[0], input.shape[1]
+    per_group, out_per_group, taps = channels // groups, weight_shape[0] // groups, math.prod(k)
+    positions = batch * math.prod(out)
+    cols = _columns(input, k, s, p, d, out).reshape([batch, groups, per_group * taps, math.prod(out)])
+    cols = cols.permute([1, 0, 3, 2]).reshape([groups, positions, per_group * taps])
+    gy = grad_output.reshape([batch, groups, out_per_group, math.prod(out)])
+    rows = gy.permute([1, 2, 0, 3]).reshape([groups, out_per_group, positions])
+    return rows.matmul(cols).reshape(list(weight_shape))
+
+
 def convolution(
     input: ET,
     weight: ET,
@@ -123,18 +200,19 @@ def convolution(
     groups: int,
 ) -> ET:
     """A convolution as the kernel's strided slices of the padded input
-    (im2col) and one batched matmul with the weight, per group."""
-    s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
-    k = list(weight.shape[2:])
-    n = len(k)
-    batch, channels = input.shape[0], input.shape[1]
-    cols = _columns(input, k, s, p, d, out)  # [N, C, K, *out]
-    per_group = channels // groups
-    cols = cols.reshape([batch, groups, per_group * math.prod(k), math.prod(out)])
-    w = weight.reshape([1, groups, weight.shape[0] // groups, per_group * math.prod(k)])
-    y = w.matmul(cols).reshape([batch, weight.shape[0]] + out)
+    (im2col) and one batched matmul with the weight, per group. A
+    transposed convolution is the input gradient of the convolution with
+    the same weight (a matmul, then col2im)."""
+    if transposed:
+        s, p, d, out = _transposed_geometry(input, weight, stride, padding, dilation, output_padding)
+        y = _input_gradient(input, weight, s, p, d, out, groups)
+        channels = weight.shape[1] * groups
+    else:
+        s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
+        y = _forward(input, weight, s, p, d, out, groups)
+        channels = weight.shape[0]
     if bias is not None:
-        y = y.binary("add", bias.reshape([1, weight.shape[0]] + [1] * n))
+        y = y.binary("add", bias.reshape([1, channels] + [1] * len(out)))
     return y
 
 
@@ -151,33 +229,27 @@ def convolution_backward(
     output_mask: Any,
 ) -> tuple[ET | None, ET | None, ET | None]:
     """The gradients of `convolution` for input, weight and bias (each only
-    where `output_mask` asks), from the forward's im2col columns."""
-    s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
+    where `output_mask` asks), from the forward's im2col columns. For a
+    transposed convolution the roles swap: its input's gradient is the
+    convolution of the output's gradient, and its weight's gradient is the
+    convolution's weight gradient with input and output gradient swapped."""
+    if transposed:
+        s, p, d, out = _transposed_geometry(input, weight, stride, padding, dilation, output_padding)
+    else:
+        s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
     if grad_output.dtype != input.dtype or list(grad_output.shape[2:]) != out:
         raise Unsupported("a gradient of another dtype or shape")
-    k = list(weight.shape[2:])
-    n, taps = len(k), math.prod(k)
-    batch, channels, spatial = input.shape[0], input.shape[1], list(input.shape[2:])
-    per_group, out_per_group = channels // groups, weight.shape[0] // groups
-    gy = grad_output.reshape([batch, groups, out_per_group, math.prod(out)])
     grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        w = weight.reshape([1, groups, out_per_group, per_group * taps]).permute([0, 1, 3, 2])
-        cols = w.matmul(gy).reshape([batch, channels, taps] + out)
-        pieces = (
-            (o, cols.slice(2, i, i + 1, 1).reshape([batch, channels] + out))
-            for i, o in enumerate(_offsets(k))
-        )
-        padded = [size + 2 * pp for size, pp in zip(spatial, p)]
-        grad_input = add_windows_back(pieces, 2, s, d, p, spatial, padded)
-    if output_mask[1]:
-        # One matmul per group over every (sample, position) pair: a matmul
-        # per sample then a sum would write the weight's size once per sample.
-        positions = batch * math.prod(out)
-        cols = _columns(input, k, s, p, d, out).reshape([batch, groups, per_group * taps, math.prod(out)])
-        cols = cols.permute([1, 0, 3, 2]).reshape([groups, positions, per_group * taps])
-        rows = gy.permute([1, 2, 0, 3]).reshape([groups, out_per_group, positions])
-        grad_weight = rows.matmul(cols).reshape(list(weight.shape))
+    if transposed:
+        if output_mask[0]:
+            grad_input = _forward(grad_output, weight, s, p, d, list(input.shape[2:]), groups)
+        if output_mask[1]:
+            grad_weight = _weight_gradient(input, grad_output, list(weight.shape), s, p, d, groups)
+    else:
+        if output_mask[0]:
+            grad_input = _input_gradient(grad_output, weight, s, p, d, list(input.shape[2:]), groups)
+        if output_mask[1]:
+            grad_weight = _weight_gradient(grad_output, input, list(weight.shape), s, p, d, groups)
     if output_mask[2]:
-        grad_bias = grad_output.reduce("sum", [0] + list(range(2, n + 2)), False)
+        grad_bias = grad_output.reduce("sum", [0] + list(range(2, len(out) + 2)), False)
     return grad_input, grad_weight, grad_bias
