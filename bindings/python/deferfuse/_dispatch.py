@@ -130,14 +130,19 @@ def check_devices(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
 # ---- the CPU fallback ----------------------------------------------------------
 
 
+#: Arguments that ops write although their schemas do not say so.
+_UNDECLARED_WRITES = {"aten::native_batch_norm": ("running_mean", "running_var")}
+
+
 def _mutated_args(
     op: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> list[tuple[torch.Tensor, int | str, int | None]]:
     """The `tpu` tensors the op writes to: (tensor, position or name, index
     in the list for list arguments such as `_amp_foreach_*`'s `Tensor(a!)[]`)."""
     out = []
+    undeclared = _UNDECLARED_WRITES.get(op.name(), ())
     for i, a in enumerate(op._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
+        if (a.alias_info is None or not a.alias_info.is_write) and a.name not in undeclared:
             continue
         positional = i < len(args) and not a.kwarg_only
         value = args[i] if positional else kwargs.get(a.name)
