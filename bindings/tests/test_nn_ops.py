@@ -560,6 +560,21 @@ def test_transposed_convolution_and_its_backward_match_cpu(mode, no_fallback, ca
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+def test_bfloat16_convolutions_compute_in_float32_and_round_once(mode, no_fallback, transposed):
+    # Tolerance: half a bfloat16 ulp of each output (2^-9 relative) plus
+    # float32 sums, against float64 on the same bfloat16 inputs.
+    torch.manual_seed(0)
+    cls = torch.nn.ConvTranspose2d if transposed else torch.nn.Conv2d
+    conv = cls(4, 6, 3, stride=2, padding=1).bfloat16()
+    x = torch.randn(2, 4, 9, 9).bfloat16()
+    want = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+    ref = want(x.double(), conv.weight.double(), conv.bias.double(), stride=2, padding=1)
+    got = conv.to("tpu")(x.to("tpu")).cpu()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), ref, rtol=2.0**-8, atol=1e-6)
+
+
 def test_a_convolution_the_engine_does_not_take_falls_back_with_its_arguments_in_place():
     # float64 stays on the CPU: the backward runs PyTorch's CPU kernel, which
     # takes one more argument than the overrideable op (the bias's size).

@@ -202,7 +202,11 @@ def convolution(
     """A convolution as the kernel's strided slices of the padded input
     (im2col) and one batched matmul with the weight, per group. A
     transposed convolution is the input gradient of the convolution with
-    the same weight (a matmul, then col2im)."""
+    the same weight (a matmul, then col2im). bfloat16 and float16 compute
+    in float32 and round once, as the CPU's kernels accumulate."""
+    low = _low_precision(input)
+    if low is not None:
+        input, weight, bias = (None if t is None else t.cast("f32") for t in (input, weight, bias))
     if transposed:
         s, p, d, out = _transposed_geometry(input, weight, stride, padding, dilation, output_padding)
         y = _input_gradient(input, weight, s, p, d, out, groups)
@@ -213,7 +217,7 @@ def convolution(
         channels = weight.shape[0]
     if bias is not None:
         y = y.binary("add", bias.reshape([1, channels] + [1] * len(out)))
-    return y
+    return y if low is None else y.cast(low)
 
 
 def convolution_backward(
@@ -239,6 +243,9 @@ def convolution_backward(
         s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
     if grad_output.dtype != input.dtype or list(grad_output.shape[2:]) != out:
         raise Unsupported("a gradient of another dtype or shape")
+    low = _low_precision(input)
+    if low is not None:
+        grad_output, input, weight = (t.cast("f32") for t in (grad_output, input, weight))
     grad_input = grad_weight = grad_bias = None
     if transposed:
         if output_mask[0]:
@@ -252,4 +259,13 @@ def convolution_backward(
             grad_weight = _weight_gradient(grad_output, input, list(weight.shape), s, p, d, groups)
     if output_mask[2]:
         grad_bias = grad_output.reduce("sum", [0] + list(range(2, len(out) + 2)), False)
+    if low is not None:
+        grad_input, grad_weight, grad_bias = (
+            None if t is None else t.cast(low) for t in (grad_input, grad_weight, grad_bias)
+        )
     return grad_input, grad_weight, grad_bias
+
+
+def _low_precision(x: ET) -> str | None:
+    """`x`'s dtype if a convolution of it computes in float32 (bf16, f16)."""
+    return x.dtype if x.dtype in ("bf16", "f16") else None
