@@ -110,6 +110,10 @@ SIZES: dict[str, Any] = {
         ),
         0.0,
     ),
+    # Randomness inside the forward, fixed so that both devices compute the
+    # same thing (VITS's sampling noise; ViT-MAE's masking noise is an input,
+    # see `_inputs`). The engine's generator draws other numbers than the CPU's.
+    **dict.fromkeys(("noise_scale", "noise_scale_duration"), 0.0),
 }
 
 TOKEN_IDS = (
@@ -184,7 +188,12 @@ def _inputs(model: Any, config: Any) -> dict:
         channels = getattr(config, "num_channels", 3)
         side = getattr(config, "image_size", 32)
         side = side[0] if isinstance(side, (list, tuple)) else side
-        return {"pixel_values": torch.randn(2, channels, side, side, generator=g)}
+        inputs = {"pixel_values": torch.randn(2, channels, side, side, generator=g)}
+        patch = getattr(config, "patch_size", None)
+        if "noise" in params and isinstance(patch, int):
+            # Masking noise (ViT-MAE) as an input: the same draw on both devices.
+            inputs["noise"] = torch.rand(2, (side // patch) ** 2, generator=g)
+        return inputs
     if first == "input_values":
         return {"input_values": torch.randn(2, 4000, generator=g)}
     if first == "input_features":
@@ -265,10 +274,14 @@ def child(model_type: str, mode: str, train: bool) -> dict[str, Any]:
         return row
     row.pop("skipped", None)
     row["tried"] = True
+    # Reported now, so that a process that dies on `tpu` counts as tried.
+    print(json.dumps(row), flush=True)
     before = deferfuse.fallback_counts()
     try:
         with deferfuse.mode(mode), torch.no_grad():
-            device_model = copy.deepcopy(model).to("tpu")
+            # Moved, not copied, unless the training step needs the CPU model:
+            # a copy would hold the weights three times while they move.
+            device_model = (copy.deepcopy(model) if train else model).to("tpu")
             got = [t.cpu() for t in _floats(device_model(**{k: v.to("tpu") for k, v in inputs.items()}))]
         row["ran"] = True
         row["matched"], row["max_diff"] = _compare(got, want)
@@ -314,14 +327,17 @@ def _run_one(model_type: str, mode: str, train: bool, timeout: float) -> dict[st
     start = time.perf_counter()
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        if lines:
-            row = json.loads(lines[-1])
-        else:
-            tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:160]
-            row = {"model": model_type, "mode": mode, "tried": False, "skipped": f"process died: {tail}"}
-    except subprocess.TimeoutExpired:
-        row = {"model": model_type, "mode": mode, "tried": False, "skipped": f"timeout after {timeout:.0f} s"}
+        stdout, died = out.stdout, None
+        if out.returncode != 0:
+            died = "process died: " + (out.stderr.strip().splitlines() or ["no output"])[-1][:160]
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        died = f"timeout after {timeout:.0f} s"
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    row = json.loads(lines[-1]) if lines else {"model": model_type, "mode": mode, "tried": False}
+    if died is not None:
+        # After the CPU forward (the child's first report): a failure on `tpu`.
+        row["error" if row.get("tried") else "skipped"] = died
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
 

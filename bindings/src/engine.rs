@@ -60,7 +60,8 @@ impl PyEngine {
         let numel = shape.iter().product();
         // SAFETY: the Python caller passes the data pointer of a live,
         // contiguous tensor of this dtype and shape.
-        let data = unsafe { host::read(addr, numel, dtype) };
+        let data = unsafe { host::read(addr, numel, dtype) }
+            .ok_or_else(|| host::out_of_memory(numel, dtype))?;
         let ctx = &self.ctx;
         let t = match data {
             HostData::F32(v) => ctx.from_vec(v, &shape),
@@ -92,7 +93,10 @@ impl PyEngine {
         let read = move || {
             // SAFETY: `source` keeps the memory at `addr` alive until the
             // copy is done; it holds `numel` elements of `dtype`.
-            let data = unsafe { host::read(addr, numel, dtype) };
+            // Without memory for the copy: no data, which fails the tensor
+            // (and what reads it) instead of aborting the process.
+            let data = unsafe { host::read(addr, numel, dtype) }
+                .unwrap_or_else(|| HostData::filled(dtype, 0.0, 0));
             // Dropped without the GIL: pyo3 releases it the next time it holds the GIL.
             drop(source);
             data

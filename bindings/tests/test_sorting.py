@@ -217,6 +217,18 @@ def test_topk_and_kthvalue_without_ties(nan_mode, no_fallback, largest):
     same(on_tpu(torch.kthvalue, scalar, 1), torch.kthvalue(scalar, 1))
 
 
+def test_unsorted_topk_picks_what_cpu_picks_in_sorted_order(mode, no_fallback):
+    # `sorted=False` leaves the order open (CPU's is std::nth_element's): the
+    # same elements, in the order `sorted=True` gives. A MoE router's call.
+    logits = torch.randn(6, 64, generator=torch.Generator().manual_seed(3))
+    for k in (1, 2, 8):
+        values, indices = on_tpu(torch.topk, logits, k, sorted=False)
+        want = torch.topk(logits, k, sorted=True)
+        same((values, indices), tuple(want))
+        cpu = torch.topk(logits, k, sorted=False)
+        assert torch.equal(cpu.indices.sort(-1).values, indices.sort(-1).values)
+
+
 def test_topk_and_kthvalue_with_ties_stay_exact(nan_mode):
     """Ties in short rows are the CPU's insertion sort (stable); longer rows
     with a picked value that has an equal run on the CPU."""
