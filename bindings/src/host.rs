@@ -54,26 +54,16 @@ pub fn out_of_memory(numel: usize, dtype: DType) -> PyErr {
 /// `addr` must point to `nbytes` writable bytes, aligned for the dtype of
 /// `data`, that nothing else touches during the call.
 pub unsafe fn write(data: &HostData, addr: usize, nbytes: usize) -> PyResult<()> {
-    unsafe fn copy<T: Copy>(src: &[T], addr: usize, nbytes: usize) -> PyResult<()> {
-        let need = std::mem::size_of_val(src);
-        if need != nbytes {
-            return Err(PyValueError::new_err(format!(
-                "copy to host: destination holds {nbytes} bytes, the value needs {need}"
-            )));
-        }
-        if !src.is_empty() {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut T, src.len());
-        }
-        Ok(())
+    let (src, need) = data.bytes();
+    if need != nbytes {
+        return Err(PyValueError::new_err(format!(
+            "copy to host: destination holds {nbytes} bytes, the value needs {need}"
+        )));
     }
-    match data {
-        HostData::F32(v) => copy(v, addr, nbytes),
-        HostData::BF16(v) => copy(v, addr, nbytes),
-        HostData::F16(v) => copy(v, addr, nbytes),
-        HostData::I32(v) => copy(v, addr, nbytes),
-        HostData::I64(v) => copy(v, addr, nbytes),
-        HostData::Bool(v) => copy(v, addr, nbytes),
+    if need > 0 {
+        std::ptr::copy_nonoverlapping(src, addr as *mut u8, need);
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -43,16 +43,16 @@ def _power(base: float, step: torch.Tensor) -> torch.Tensor:
     return torch.exp(_math(step) * math.log(base))
 
 
-def _unscaled(
-    grad: torch.Tensor, grad_scale: Optional[torch.Tensor], skip: Optional[torch.Tensor]
+def _gradient(
+    grad: torch.Tensor, grad_scale: Optional[torch.Tensor], skip: Optional[torch.Tensor], maximize: bool
 ) -> torch.Tensor:
-    """The gradient divided by GradScaler's scale; like the CPU kernel, the
-    division is written back into the gradient."""
+    """The gradient divided by GradScaler's scale (like the CPU kernel, the
+    division is written back into the gradient), negated to maximize."""
     g = _math(grad)
     if grad_scale is not None:
         g = g / grad_scale
         _store(grad, g, skip)
-    return g
+    return -g if maximize else g
 
 
 def _rate(lr: Lr) -> Lr:
@@ -87,9 +87,7 @@ def _adam(
     skip, lr = _skip(found_inf), _rate(lr)
     for i, param in enumerate(params):
         p = _math(param)
-        g = _unscaled(grads[i], grad_scale, skip)
-        if maximize:
-            g = -g
+        g = _gradient(grads[i], grad_scale, skip, maximize)
         if weight_decay != 0.0:
             if decoupled:
                 p = p * (1.0 - lr * weight_decay)
@@ -140,9 +138,7 @@ def sgd_(
     skip, lr = _skip(found_inf), _rate(lr)
     for i, param in enumerate(params):
         p = _math(param)
-        g = _unscaled(grads[i], grad_scale, skip)
-        if maximize:
-            g = -g
+        g = _gradient(grads[i], grad_scale, skip, maximize)
         if weight_decay != 0.0:
             g = g + p * weight_decay
         if momentum != 0.0:

@@ -450,10 +450,10 @@ impl Client {
             return Err(err(format!("upload: {} values for shape {dims:?}", data.len())));
         }
         let dims64: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
-        let (ptr, _) = host_bytes(data);
+        let (ptr, _) = data.bytes();
         let mut a = args!(ffi::PJRT_Client_BufferFromHostBuffer_Args, buffer);
         a.client = self.raw;
-        a.data = ptr;
+        a.data = ptr.cast::<c_void>();
         a.type_ = buffer_type(data.dtype());
         a.dims = dims64.as_ptr();
         a.num_dims = dims64.len();
@@ -492,22 +492,6 @@ fn buffer_type(d: DType) -> std::ffi::c_int {
         DType::BF16 => ffi::BUFFER_TYPE_BF16,
         DType::F16 => ffi::BUFFER_TYPE_F16,
         DType::F32 => ffi::BUFFER_TYPE_F32,
-    }
-}
-
-/// The bytes of host data, in the layout PJRT expects (dense, row-major;
-/// bool is one byte 0/1, as PRED).
-fn host_bytes(data: &HostData) -> (*const c_void, usize) {
-    fn raw<T>(v: &[T]) -> (*const c_void, usize) {
-        (v.as_ptr() as *const c_void, std::mem::size_of_val(v))
-    }
-    match data {
-        HostData::Bool(v) => raw(v),
-        HostData::I32(v) => raw(v),
-        HostData::I64(v) => raw(v),
-        HostData::BF16(v) => raw(v),
-        HostData::F16(v) => raw(v),
-        HostData::F32(v) => raw(v),
     }
 }
 
