@@ -293,8 +293,11 @@ def _integer_div(x: ET, d: int, rounding_mode: str) -> ET:
 @lower("remainder.Tensor", "remainder.Scalar")
 def remainder(self: Any, other: Any) -> ET:
     need_tensor(self)
+    if self.dtype in ("i32", "i64") and type(other) is int and other != 0:
+        # Python's sign convention: the remainder takes the divisor's sign.
+        return self.binary("sub", _integer_div(self, other, "floor").binary("mul", other))
     if not is_float(self):
-        raise Unsupported("integer remainder")
+        raise Unsupported("integer remainder by a tensor or by zero")
     return self.binary("sub", self.binary("div", other).unary("floor").binary("mul", other))
 
 

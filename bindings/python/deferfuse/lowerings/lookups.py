@@ -2,12 +2,12 @@
 
 Whole rows along one dimension (`index_select`, `embedding` and its
 gradient) are the engine's row gather and scatter-add, which cost what they
-copy. Other lookups (`gather` element by element, `embedding_bag`) are
-written as a masked sum: for every candidate position, `where(index ==
-position, value, 0)`, summed over the positions. It is exact (one term is
-non-zero; `where` keeps an infinite or NaN table entry out of the others),
-but costs as many elements as lookups x candidates, so larger ones
-(`ONE_HOT_LIMIT`) stay on the CPU.
+copy; so is `gather`, element by element, as rows of one element of the
+flattened tensor. `embedding_bag` is written as a masked sum: for every
+candidate position, `where(index == position, value, 0)`, summed over the
+positions. It is exact (one term is non-zero; `where` keeps an infinite
+or NaN table entry out of the others), but costs as many elements as
+lookups x candidates, so larger ones (`ONE_HOT_LIMIT`) stay on the CPU.
 """
 
 from __future__ import annotations
@@ -118,23 +118,32 @@ def embedding_dense_backward(
 
 @lower("gather.default")
 def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
-    if len(self.shape) == 0 or len(index.shape) != len(self.shape) or math.prod(index.shape) == 0:
-        raise Unsupported("gather of zero-dimensional or empty tensors")
-    dim = axis(dim, len(self.shape))
-    n = self.shape[dim]
-    _check_size(math.prod(index.shape), n)
-    x = self
-    for a, (size, want) in enumerate(zip(self.shape, index.shape)):
-        if a != dim and want < size:
-            x = x.slice(a, 0, want, 1)
-    x = _move_last(x, dim)  # [..., n]
-    idx = _move_last(index.cast("i64"), dim)  # [..., m]
-    mask = _one_hot(idx, n)  # [..., m, n]
-    picked = mask.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], self.dtype)).reduce(
-        "sum", [-1], False
-    )
-    check_bounds("aten::gather", "gather_out_of_bounds", [index], [n], [dim])
-    return _move_back(picked.cast(self.dtype), dim)
+    """`out[i] = self[i with i[dim] replaced by index[i]]`: the linear position
+    of each element, gathered from the flattened tensor as rows of one
+    element, so it costs what it copies whatever the size of `dim`."""
+    if math.prod(index.shape) == 0 and len(index.shape) >= len(self.shape):
+        return eng().full(0, list(index.shape), self.dtype)
+    if len(self.shape) == 0 and len(index.shape) <= 1:
+        # A scalar gathers as a one-element vector.
+        out = gather(self.reshape([1]), 0, index.reshape([1]))
+        return out.reshape(list(index.shape))
+    rank = len(self.shape)
+    if len(index.shape) != rank:
+        raise Unsupported("gather with an index of another rank")  # PyTorch's error, on the CPU
+    dim = axis(dim, rank)
+    if any(want > size for a, (size, want) in enumerate(zip(self.shape, index.shape)) if a != dim):
+        raise Unsupported("gather with an index larger than self")  # PyTorch's error, on the CPU
+    strides = [math.prod(self.shape[a + 1 :]) for a in range(rank)]
+    position = index.cast("i64").binary("mul", strides[dim])
+    for a, size in enumerate(index.shape):
+        if a != dim and size > 1:
+            along = eng().arange(0, size, 1, "i64").reshape([size if b == a else 1 for b in range(rank)])
+            position = position.binary("add", along.binary("mul", strides[a]))
+    # An index out of range reads a neighbour here; the check below raises for it.
+    flat = self.reshape([math.prod(self.shape), 1])
+    picked = flat.gather_rows(position.reshape([math.prod(index.shape)])).reshape(list(index.shape))
+    check_bounds("aten::gather", "gather_out_of_bounds", [index], [self.shape[dim]], [dim])
+    return picked
 
 
 def _bag_members(indices: ET, offsets: ET | None, include_last_offset: bool) -> tuple[ET, ET, int]:

@@ -1,0 +1,64 @@
+"""`gather` element by element and integer `remainder` on the engine: equal
+to the CPU's bits for every dtype, any size along the gathered dimension
+(a row gather costs what it copies, so there is no size limit), strided
+views, scalars and empty indices, with no CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+CASES = [
+    ((5, 7), 1, (5, 3)),
+    ((5, 7), 0, (9, 7)),
+    ((4, 6, 8), 2, (3, 6, 20)),
+    ((4, 6, 8), -2, (4, 2, 5)),
+    ((6,), 0, (10,)),
+    ((3, 50_000), 1, (3, 4_000)),  # a vocabulary-sized dimension
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+@pytest.mark.parametrize("shape,dim,index_shape", CASES)
+def test_gather_equals_cpu(mode, no_fallback, dtype, shape, dim, index_shape):
+    x = (torch.randn(shape) * 10).to(dtype)
+    index = torch.randint(0, shape[dim], index_shape)
+    got = x.to("tpu").gather(dim, index.to("tpu")).cpu()
+    want = x.gather(dim, index)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_gather_reads_strided_views_scalars_and_empty_indices(mode, no_fallback):
+    x = torch.randn(6, 4)
+    index = torch.randint(0, 6, (4, 3))
+    got = x.to("tpu").t().gather(1, index.to("tpu")).cpu()
+    assert torch.equal(got, x.t().gather(1, index))
+    s = torch.tensor(3.5)
+    for index in (torch.tensor(0), torch.tensor([0])):
+        got = s.to("tpu").gather(0, index.to("tpu")).cpu()
+        assert got.shape == index.shape and torch.equal(got, s.gather(0, index))
+    for shape in [(0,), (2, 0)]:
+        index = torch.zeros(shape, dtype=torch.long)
+        got = torch.randn(5).to("tpu").gather(0, index.to("tpu")).cpu()
+        assert got.shape == shape and got.dtype == torch.float32
+
+
+def test_gather_out_of_range_raises(mode):
+    index = torch.tensor([[0, 9]]).to("tpu")
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
+        torch.randn(2, 5).to("tpu").gather(1, index).cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("divisor", [7, -7, 1, -1, 3])
+def test_integer_remainder_takes_the_divisors_sign(mode, no_fallback, dtype, divisor):
+    a = torch.randint(-100, 100, (64,), dtype=dtype)
+    assert torch.equal((a.to("tpu") % divisor).cpu(), a % divisor)
+    assert torch.equal(torch.remainder(a.to("tpu"), divisor).cpu(), torch.remainder(a, divisor))
+
+
+def test_take_along_dim_with_negative_indices(mode, no_fallback):
+    x = torch.randn(5, 5)
+    index = torch.randint(-5, 5, (5, 2))
+    got = torch.take_along_dim(x.to("tpu"), index.to("tpu"), 1).cpu()
+    assert torch.equal(got, torch.take_along_dim(x, index, 1))
