@@ -49,6 +49,14 @@ def test_gather_out_of_range_raises(mode):
         torch.randn(2, 5).to("tpu").gather(1, index).cpu()
 
 
+def test_gather_refuses_what_pytorch_refuses(mode):
+    x = torch.randn(2, 5).to("tpu")
+    with pytest.raises(RuntimeError, match="Expected dtype int32/int64 for index"):
+        x.gather(1, torch.zeros(2, 1).to("tpu"))
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        x.gather(2, torch.zeros(0, 0, dtype=torch.long).to("tpu"))
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("divisor", [7, -7, 1, -1, 3])
 def test_integer_remainder_takes_the_divisors_sign(mode, no_fallback, dtype, divisor):

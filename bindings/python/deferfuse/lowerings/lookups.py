@@ -121,6 +121,9 @@ def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     """`out[i] = self[i with i[dim] replaced by index[i]]`: the linear position
     of each element, gathered from the flattened tensor as rows of one
     element, so it costs what it copies whatever the size of `dim`."""
+    rank = max(len(self.shape), 1)
+    if index.dtype not in ("i64", "i32") or not -rank <= dim < rank:
+        raise Unsupported("gather with a non-integer index or a dimension out of range")  # PyTorch's error
     if math.prod(index.shape) == 0 and len(index.shape) >= len(self.shape):
         return eng().full(0, list(index.shape), self.dtype)
     if len(self.shape) == 0 and len(index.shape) <= 1:
