@@ -121,16 +121,15 @@ def gather(self: ET, dim: int, index: ET, *, sparse_grad: bool = False) -> ET:
     """`out[i] = self[i with i[dim] replaced by index[i]]`: the linear position
     of each element, gathered from the flattened tensor as rows of one
     element, so it costs what it copies whatever the size of `dim`."""
-    rank = max(len(self.shape), 1)
-    if index.dtype not in ("i64", "i32") or not -rank <= dim < rank:
+    rank = len(self.shape)
+    if index.dtype not in ("i64", "i32") or not -max(rank, 1) <= dim < max(rank, 1):
         raise Unsupported("gather with a non-integer index or a dimension out of range")  # PyTorch's error
-    if math.prod(index.shape) == 0 and len(index.shape) >= len(self.shape):
+    if math.prod(index.shape) == 0 and len(index.shape) >= rank:
         return eng().full(0, list(index.shape), self.dtype)
-    if len(self.shape) == 0 and len(index.shape) <= 1:
+    if rank == 0 and len(index.shape) <= 1:
         # A scalar gathers as a one-element vector.
         out = gather(self.reshape([1]), 0, index.reshape([1]))
         return out.reshape(list(index.shape))
-    rank = len(self.shape)
     if len(index.shape) != rank:
         raise Unsupported("gather with an index of another rank")  # PyTorch's error, on the CPU
     dim = axis(dim, rank)
