@@ -1,4 +1,4 @@
-"""`gather` element by element and integer `remainder` on the engine: equal
+"""`gather` element by element, advanced indexing and integer `remainder` on the engine: equal
 to the CPU's bits for every dtype, any size along the gathered dimension
 (a row gather costs what it copies, so there is no size limit), strided
 views, scalars and empty indices, with no CPU fallback."""
@@ -41,6 +41,22 @@ def test_gather_reads_strided_views_scalars_and_empty_indices(mode, no_fallback)
         index = torch.zeros(shape, dtype=torch.long)
         got = torch.randn(5).to("tpu").gather(0, index.to("tpu")).cpu()
         assert got.shape == shape and got.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "shape,key",
+    [
+        ((169, 4), lambda i: (i(169, (2401,)),)),  # Swin's relative position bias table
+        ((5000, 8, 3), lambda i: (i(5000, (300,)),)),  # past the old masked-sum limit
+        ((40, 50, 6), lambda i: (i(40, (7, 3)), slice(None), i(6, (7, 3)))),
+        ((40, 50, 6), lambda i: (slice(None), i(50, (11,)), i(6, (11,)))),
+    ],
+)
+def test_advanced_index_of_any_size_equals_cpu(mode, no_fallback, shape, key):
+    x = torch.randn(shape)
+    k = key(lambda n, s: torch.randint(-n, n, s))
+    got = x.to("tpu")[tuple(i.to("tpu") if isinstance(i, torch.Tensor) else i for i in k)].cpu()
+    assert torch.equal(got, x[k])
 
 
 def test_gather_out_of_range_raises(mode):

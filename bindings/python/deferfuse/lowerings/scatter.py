@@ -393,7 +393,7 @@ def _adjacent(axes: list[int]) -> bool:
 
 @lower("index.Tensor")
 def index(self: ET, indices: list[Any]) -> ET:
-    """x[i, :, j]: the indexed axes flattened into one, read with a masked sum;
+    """x[i, :, j]: the indexed axes flattened into one, read with a row gather;
     the index's shape replaces the indexed axes in place when they are
     adjacent, else leads (NumPy's rule)."""
     need_tensor(self)
@@ -407,7 +407,6 @@ def index(self: ET, indices: list[Any]) -> ET:
         return eng().full(0.0, before + shape + after, self.dtype)
     if span == 0:
         raise Unsupported("indexing an empty axis")
-    _check_size(b, span, math.prod(rest_shape))
     x = self.permute(rest + axes).reshape(rest_shape + [span])
     picked = index_select(x, len(rest), flat)  # [rest..., b]
     picked = picked.reshape(rest_shape + shape)
