@@ -86,3 +86,25 @@ def test_take_along_dim_with_negative_indices(mode, no_fallback):
     index = torch.randint(-5, 5, (5, 2))
     got = torch.take_along_dim(x.to("tpu"), index.to("tpu"), 1).cpu()
     assert torch.equal(got, torch.take_along_dim(x, index, 1))
+
+
+@pytest.mark.parametrize("rounding_mode", ["floor", "trunc"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_division_by_a_tensor_equals_cpu(mode, no_fallback, rounding_mode, dtype):
+    a = torch.randint(-1000, 1000, (6, 40), dtype=dtype)
+    b = torch.randint(1, 30, (6, 40), dtype=dtype) * (torch.randint(0, 2, (6, 40), dtype=dtype) * 2 - 1)
+    got = torch.div(a.to("tpu"), b.to("tpu"), rounding_mode=rounding_mode).cpu()
+    want = torch.div(a, b, rounding_mode=rounding_mode)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    # A zero-dimensional divisor of another integer dtype keeps the dividend's dtype.
+    d = torch.tensor(-7)
+    got = torch.div(a.to("tpu"), d.to("tpu"), rounding_mode=rounding_mode).cpu()
+    want = torch.div(a, d, rounding_mode=rounding_mode)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_integer_division_by_a_zero_tensor_raises(mode):
+    a = torch.arange(6).to("tpu")
+    b = torch.tensor([1, 2, 0, 3, 1, 1]).to("tpu")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.div(a, b, rounding_mode="floor").cpu()

@@ -56,6 +56,10 @@ pub enum BoundsMessage {
     /// `IndexError: Target 7 is out of bounds.`; `0..size` is valid (the
     /// targets of `nll_loss`).
     Target,
+    /// `RuntimeError: ZeroDivisionError`: integer division by a tensor
+    /// holding a zero. The checked index is the divisor's zero flag (1 for
+    /// a zero) against a size of 1, so only `0` is valid.
+    ZeroDivision,
 }
 
 impl BoundsMessage {
@@ -70,9 +74,8 @@ impl BoundsMessage {
             OutOfBounds | IndexCopy | OutOfRangeInSelf | Take | Target => {
                 IndexErrorClass::IndexError
             }
-            GatherOutOfBounds | IndicesOutOfData | EmbeddingBag | EmbeddingBagIdx => {
-                IndexErrorClass::RuntimeError
-            }
+            GatherOutOfBounds | IndicesOutOfData | EmbeddingBag | EmbeddingBagIdx
+            | ZeroDivision => IndexErrorClass::RuntimeError,
         }
     }
 
@@ -101,6 +104,7 @@ impl BoundsMessage {
                 "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {value}"
             ),
             Target => format!("Target {value} is out of bounds."),
+            ZeroDivision => "ZeroDivisionError".into(),
         }
     }
 
@@ -117,6 +121,7 @@ impl BoundsMessage {
             "embedding_bag" => EmbeddingBag,
             "embedding_bag_idx" => EmbeddingBagIdx,
             "target" => Target,
+            "zero_division" => ZeroDivision,
             _ => return None,
         })
     }

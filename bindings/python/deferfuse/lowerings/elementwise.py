@@ -6,7 +6,7 @@ import math
 from typing import Any, Callable
 
 from .._engine import Tensor as ET
-from ._registry import LOWERINGS, Unsupported, eng, is_float, lower, need_tensor
+from ._registry import LOWERINGS, Unsupported, check_bounds, eng, is_float, lower, need_tensor
 
 UNARY = {
     "abs": "abs",
@@ -256,36 +256,60 @@ def div(self: Any, other: Any) -> ET:
 @lower("div.Tensor_mode", "div.Scalar_mode")
 def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
     need_tensor(self)
-    q = self.binary("div", other)
     if rounding_mode is None:
-        return q
+        return self.binary("div", other)
     if self.dtype in ("i32", "i64") and type(other) is int and other != 0:
         return _integer_div(self, other, rounding_mode)
+    if (
+        self.dtype in ("i32", "i64")
+        and isinstance(other, ET)
+        and other.dtype in ("i32", "i64")
+        and (other.dtype == self.dtype or not other.shape)
+    ):
+        # PyTorch raises for a zero divisor: here at the next read, as an
+        # index out of range does (the divisor's zero flag against a size of 1).
+        out = _integer_div(self, other, rounding_mode)
+        check_bounds("aten::div", "zero_division", [other.binary("eq", 0).cast("i64")], [1], [0])
+        return out
     if not is_float(self) or (isinstance(other, ET) and not is_float(other)) or isinstance(other, int):
-        raise Unsupported("integer division with rounding by a tensor or by zero")
+        raise Unsupported("integer division with rounding by zero or across integer dtypes")
+    q = self.binary("div", other)
     return q.unary("floor") if rounding_mode == "floor" else trunc(q)
 
 
-def _integer_div(x: ET, d: int, rounding_mode: str) -> ET:
-    """`x // d` (floor) or `trunc(x / d)` of integers by a nonzero int,
-    exactly: a float32 estimate of the quotient, refined once from the
-    remainder (integer arithmetic, exact) and corrected by one step. Exact
-    while |x / d| < 2^46. A tensor divisor stays on the CPU, where PyTorch
-    raises for a zero."""
+def _integer_div(x: ET, d: int | ET, rounding_mode: str) -> ET:
+    """`x // d` (floor) or `trunc(x / d)` of integers by a nonzero int or an
+    integer tensor, exactly: a float32 estimate of the quotient, refined
+    once from the remainder (integer arithmetic, exact) and corrected by one
+    step. Exact while |x / d| < 2^46. A zero in a tensor divisor reads as 1
+    here (no infinity is made); the caller checks for it."""
     a = x.cast("i64")
+    if isinstance(d, ET):
+        d = d.cast("i64")
+        d = d.binary("eq", 0).where_(1, d)
+        positive = d.binary("gt", 0)
+        fd = d.cast("f32")
+    else:
+        positive, fd = d > 0, float(d)
+
+    def pick(when_positive: ET, when_negative: ET) -> ET:
+        if isinstance(positive, bool):
+            return when_positive if positive else when_negative
+        return positive.where_(when_positive, when_negative)
 
     def refine(q: ET) -> ET:
         r = a.binary("sub", q.binary("mul", d))
-        return q.binary("add", r.cast("f32").binary("div", float(d)).unary("floor").cast("i64"))
+        return q.binary("add", r.cast("f32").binary("div", fd).unary("floor").cast("i64"))
 
-    q = refine(a.cast("f32").binary("div", float(d)).unary("floor").cast("i64"))
+    q = refine(a.cast("f32").binary("div", fd).unary("floor").cast("i64"))
     r = a.binary("sub", q.binary("mul", d))
     # Floor's remainder lies in [0, d) for d > 0 and (d, 0] for d < 0.
-    low, high = (r.binary("lt", 0), r.binary("ge", d)) if d > 0 else (r.binary("gt", 0), r.binary("le", d))
+    low = pick(r.binary("lt", 0), r.binary("gt", 0))
+    high = pick(r.binary("ge", d), r.binary("le", d))
     q = low.where_(q.binary("sub", 1), high.where_(q.binary("add", 1), q))
     if rounding_mode == "trunc":
         r = a.binary("sub", q.binary("mul", d))
-        negative = a.binary("lt", 0) if d > 0 else a.binary("ge", 0)
+        negative = pick(a.binary("lt", 0), a.binary("ge", 0))
         q = r.binary("ne", 0).binary("logical_and", negative).where_(q.binary("add", 1), q)
     return q.cast(x.dtype)
 
