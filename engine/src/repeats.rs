@@ -21,7 +21,10 @@
 //! detector, so the cuts depend only on the ops since the last flush.
 //!
 //! The cost per op is one pass over the periods up to [`MAX_PERIOD`] (128
-//! compares of `u64`s), a few tens of nanoseconds.
+//! compares of 32-bit lanes, eight to a vector), a few tens of nanoseconds.
+//! The history keeps 32 bits of each op's hash: two different ops that
+//! agree on those bits could only move a cut, and only if a whole period
+//! of them agreed.
 
 use std::hash::{Hash, Hasher};
 
@@ -40,12 +43,12 @@ pub const MAX_PERIOD: usize = HISTORY / 2;
 #[derive(Default)]
 pub(crate) struct RepeatDetector {
     /// Ring buffer of the last hashes; `seen % HISTORY` is the next slot.
-    history: Vec<u64>,
+    history: Vec<u32>,
     /// Ops seen since the last reset.
     seen: usize,
     /// `runs[p - 1]`: how many of the latest ops, in a row, equal the op
-    /// `p` before them.
-    runs: Vec<u64>,
+    /// `p` before them (at most the ops of one pending trace).
+    runs: Vec<u32>,
 }
 
 impl RepeatDetector {
@@ -64,6 +67,7 @@ impl RepeatDetector {
     /// Takes the next op's hash; true when the stream has just repeated a
     /// period, and so should be cut after this op.
     pub fn push(&mut self, hash: u64) -> bool {
+        let hash = (hash ^ (hash >> 32)) as u32;
         if self.history.is_empty() {
             self.history = vec![0; 2 * HISTORY];
             self.runs = vec![0; MAX_PERIOD];
@@ -88,7 +92,7 @@ impl RepeatDetector {
 /// longest run of latest ops with a period under MIN_PERIOD, and the longest
 /// repetition of a period of at least MIN_PERIOD. With AVX-512 or AVX2
 /// (detected at run time, as the kernels do) the pass is vector code.
-fn scan(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
+fn scan(runs: &mut [u32], window: &[u32], hash: u32) -> (u32, u32) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
@@ -113,25 +117,25 @@ fn scan(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scan_avx2(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
+unsafe fn scan_avx2(runs: &mut [u32], window: &[u32], hash: u32) -> (u32, u32) {
     scan_body(runs, window, hash)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn scan_avx512(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
+unsafe fn scan_avx512(runs: &mut [u32], window: &[u32], hash: u32) -> (u32, u32) {
     scan_body(runs, window, hash)
 }
 
 #[inline(always)]
-fn scan_body(runs: &mut [u64], window: &[u64], hash: u64) -> (u64, u64) {
-    let (mut short_run, mut repeat) = (0u64, 0u64);
+fn scan_body(runs: &mut [u32], window: &[u32], hash: u32) -> (u32, u32) {
+    let (mut short_run, mut repeat) = (0u32, 0u32);
     for (i, (run, &before)) in runs.iter_mut().zip(window).enumerate() {
-        let p = i as u64 + 1;
+        let p = i as u32 + 1;
         let r = if before == hash { *run + 1 } else { 0 };
         *run = r;
-        short_run = short_run.max(if p < MIN_PERIOD as u64 { r + p } else { 0 });
-        repeat = repeat.max(if p >= MIN_PERIOD as u64 && r >= p { 2 * p } else { 0 });
+        short_run = short_run.max(if p < MIN_PERIOD as u32 { r + p } else { 0 });
+        repeat = repeat.max(if p >= MIN_PERIOD as u32 && r >= p { 2 * p } else { 0 });
     }
     (short_run, repeat)
 }
@@ -223,10 +227,10 @@ mod tests {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            state % 3
+            (state % 3) as u32
         };
-        let window: Vec<u64> = (0..MAX_PERIOD).map(|_| next()).collect();
-        let mut a: Vec<u64> = (0..MAX_PERIOD).map(|_| next() * 20).collect();
+        let window: Vec<u32> = (0..MAX_PERIOD).map(|_| next()).collect();
+        let mut a: Vec<u32> = (0..MAX_PERIOD).map(|_| next() * 20).collect();
         let mut b = a.clone();
         for _ in 0..50 {
             let hash = next();
