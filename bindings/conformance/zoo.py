@@ -205,7 +205,24 @@ def _inputs(model: Any, config: Any) -> dict:
         if "decoder_input_ids" in params:
             inputs["decoder_input_ids"] = torch.randint(0, min(vocab, 128), (2, 4), generator=g)
         return inputs
-    raise ValueError(f"no inputs for a forward whose first argument is {first!r}")
+    raise NoInputs(f"no inputs for a forward whose first argument is {first!r}")
+
+
+class NoInputs(ValueError):
+    """The runner cannot make inputs for this forward (whatever the config)."""
+
+
+def _weight_bytes(build: Any, config: Any) -> int:
+    """The bytes of the weights `build(config)` would hold, from a build on
+    the meta device (no memory, no initialization); 0 when that fails."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = build(config)
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    except Exception:
+        return 0
 
 
 def _floats(out: Any) -> list[Any]:
@@ -263,19 +280,29 @@ def child(model_type: str, mode: str, train: bool, report: Any = None) -> dict[s
     # default widths with two layers.
     for widths in (True, False):
         try:
+            build = getattr(transformers, MODEL_MAPPING_NAMES[model_type])
             config = CONFIG_MAPPING[model_type]()
             _shrink(config, widths)
+            # Default widths can mean tens of GB of weights: ones that could
+            # never fit under the cap are not built (initializing them
+            # would take a minute before the cap stopped the process).
+            if not widths and _weight_bytes(build, config) > MEMORY_CAP:
+                row["skipped"] = f"over the {MEMORY_CAP >> 30} GiB memory cap (its weights alone)"
+                break
             torch.manual_seed(0)
-            model = getattr(transformers, MODEL_MAPPING_NAMES[model_type])(config).eval()
+            model = build(config).eval()
             inputs = _inputs(model, config)
             with torch.no_grad():
                 want = _floats(model(**inputs))
+            row.pop("skipped", None)
+            break
+        except (NoInputs, ImportError) as err:  # the same with any config: no second try
+            row["skipped"] = f"{type(err).__name__}: {err}".splitlines()[0][:160]
             break
         except Exception as err:  # not ours: the architecture does not run on CPU like this
             row["skipped"] = f"{type(err).__name__}: {err}".splitlines()[0][:160]
-    else:
+    if "skipped" in row:
         return row
-    row.pop("skipped", None)
     row["tried"] = True
     # Reported now, so that a process that dies on `tpu` counts as tried.
     if report is not None:
