@@ -339,34 +339,3 @@ def test_cumsum_keeps_the_dtype_asked_for(mode, no_fallback, dtype):
     want = torch.cumsum(x, 1, dtype=dtype)
     got = torch.cumsum(x.to("tpu"), 1, dtype=dtype).cpu()
     assert got.dtype == want.dtype and torch.equal(got, want)
-
-
-@pytest.mark.parametrize(
-    "shape,dim,dtype",
-    [
-        ((8, 4096), -1, torch.int64),  # an attention mask's position ids at a long context
-        ((3, 5001), 1, torch.int32),  # a length that is no multiple of the block width
-        ((2, 3000, 4), 1, torch.bool),
-        ((40_000,), 0, torch.float32),
-        ((5, 7), 0, torch.float32),
-        ((0, 6), 1, torch.float32),
-    ],
-)
-def test_long_cumsum_runs_in_blocks_on_the_engine(mode, no_fallback, shape, dim, dtype):
-    # Past n * n masked terms per row the prefix sum runs as blocks of about
-    # sqrt(n): integers exactly, floats within the float32 tolerance of a
-    # sum of n terms.
-    g = torch.Generator().manual_seed(7)
-    x = (
-        torch.randint(-9, 9, shape, generator=g).to(dtype)
-        if dtype != torch.float32
-        else torch.randn(shape, generator=g)
-    )
-    want = torch.cumsum(x, dim)
-    got = torch.cumsum(x.to("tpu"), dim).cpu()
-    assert got.dtype == want.dtype and got.shape == want.shape
-    if dtype == torch.float32:
-        scale = max([1.0] + want.abs().flatten().tolist())
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * scale)
-    else:
-        assert torch.equal(got, want)

@@ -9,7 +9,7 @@ import torch
 
 from .._engine import Tensor as ET
 from ._registry import LOWERINGS, Unsupported, as_float, axis, dims, dt, eng, is_float, lower
-from .lookups import _move_back, _move_last
+from .lookups import _check_size, _move_back, _move_last
 
 
 def _reduce_dtype(x: ET, dtype: torch.dtype | None) -> ET:
@@ -226,44 +226,6 @@ def vector_norm(self: ET, ord: Any = 2, dim: Any = None, keepdim: bool = False, 
     return a.binary("pow", float(ord)).reduce("sum", axes, keepdim).binary("pow", 1.0 / float(ord))
 
 
-#: The most multiply-adds a blocked prefix sum may spend (its masked sums
-#: cost about sqrt(n) per element); past it the CPU's sequential scan wins.
-_PREFIX_BUDGET = 1 << 24
-
-
-def _masked_prefix(x: ET, strict: bool = False) -> ET:
-    """Prefix sums along the last axis as one masked sum over an [n, n]
-    triangle: inclusive, or exclusive when `strict`."""
-    n = x.shape[-1]
-    i = eng().arange(0, n, 1, "i64")
-    tri = i.reshape([n, 1]).binary("gt" if strict else "ge", i)  # [i, j]: j counts toward i
-    terms = tri.where_(x.reshape(list(x.shape[:-1]) + [1, n]), eng().full(0.0, [], x.dtype))
-    return terms.reduce("sum", [-1], False)
-
-
-def _prefix_sum(x: ET) -> ET:
-    """Inclusive prefix sums along the last axis. Short rows take one masked
-    sum (n multiply-adds per element); long ones are cut into blocks of
-    about sqrt(n): each block's own prefix, plus the exclusive prefix of the
-    block totals (about 2 sqrt(n) per element)."""
-    n = x.shape[-1]
-    lead = list(x.shape[:-1])
-    rows = math.prod(lead)
-    if rows * n * n <= _PREFIX_BUDGET // 4:
-        return _masked_prefix(x)
-    width = math.isqrt(n - 1) + 1
-    count = -(-n // width)
-    padded = count * width
-    if rows * padded * (width + count) > _PREFIX_BUDGET:
-        raise Unsupported("a prefix sum too long for masked sums")
-    if padded != n:
-        x = eng().cat([x, eng().full(0.0, lead + [padded - n], x.dtype)], len(lead))
-    blocks = x.reshape(lead + [count, width])
-    before = _masked_prefix(blocks.reduce("sum", [-1], False), strict=True)  # [..., count]
-    out = _masked_prefix(blocks).binary("add", before.reshape(lead + [count, 1])).reshape(lead + [padded])
-    return out if padded == n else out.slice(len(lead), 0, n, 1)
-
-
 @lower("cumsum.default")
 def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
     x = _reduce_dtype(self, dtype)
@@ -274,6 +236,12 @@ def cumsum(self: ET, dim: int, *, dtype: Any = None) -> ET:
     if x.dtype in ("bool", "i32"):
         x = x.cast("i64")
     dim = axis(dim, len(x.shape))
-    if x.shape[dim] == 0 or math.prod(x.shape) == 0:
-        return x.cast(out_dtype)
-    return _move_back(_prefix_sum(_move_last(x, dim)), dim).cast(out_dtype)
+    n = x.shape[dim]
+    _check_size(math.prod(x.shape), n)
+    # out[..., i] = sum over j <= i of x[..., j]
+    lower_tri = (
+        eng().arange(0, n, 1, "i64").reshape([n, 1]).binary("ge", eng().arange(0, n, 1, "i64"))
+    )  # [i, j]
+    moved = _move_last(x, dim)
+    terms = lower_tri.where_(moved.reshape(list(moved.shape[:-1]) + [1, n]), eng().full(0.0, [], x.dtype))
+    return _move_back(terms.reduce("sum", [-1], False), dim).cast(out_dtype)
