@@ -108,3 +108,14 @@ def test_integer_division_by_a_zero_tensor_raises(mode):
     b = torch.tensor([1, 2, 0, 3, 1, 1]).to("tpu")
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         torch.div(a, b, rounding_mode="floor").cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("divisor", [2, 3, -7, 0.5])
+def test_float_division_with_rounding_by_a_number_equals_cpu(mode, no_fallback, dtype, divisor):
+    # MaskFormer's sine position embedding: torch.div(dim_t, 2, rounding_mode="floor") on floats.
+    x = (torch.randn(500, generator=torch.Generator().manual_seed(8)) * 50).to(dtype)
+    for rounding_mode in ("floor", "trunc"):
+        got = torch.div(x.to("tpu"), divisor, rounding_mode=rounding_mode).cpu()
+        want = torch.div(x, divisor, rounding_mode=rounding_mode)
+        assert got.dtype == want.dtype and torch.equal(got, want)

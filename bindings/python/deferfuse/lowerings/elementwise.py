@@ -271,10 +271,17 @@ def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
         out = _integer_div(self, other, rounding_mode)
         check_bounds("aten::div", "zero_division", [other.binary("eq", 0).cast("i64")], [1], [0])
         return out
-    if not is_float(self) or (isinstance(other, ET) and not is_float(other)) or isinstance(other, int):
+    if not is_float(self) and not is_float(other):
         raise Unsupported("integer division with rounding by zero or across integer dtypes")
+    # A float quotient: the true division floored or truncated, for a divisor
+    # of any kind (a Python int like `x // 2` too). Half precision divides in
+    # float32 and rounds once, after the floor, as PyTorch's kernels do.
     q = self.binary("div", other)
-    return q.unary("floor") if rounding_mode == "floor" else trunc(q)
+    low = q.dtype if q.dtype in ("bf16", "f16") else None
+    if low is not None:
+        q = self.cast("f32").binary("div", other.cast("f32") if isinstance(other, ET) else other)
+    q = q.unary("floor") if rounding_mode == "floor" else trunc(q)
+    return q if low is None else q.cast(low)
 
 
 def _integer_div(x: ET, d: int | ET, rounding_mode: str) -> ET:
