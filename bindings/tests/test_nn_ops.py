@@ -575,6 +575,29 @@ def test_bfloat16_convolutions_compute_in_float32_and_round_once(mode, no_fallba
     torch.testing.assert_close(got.double(), ref, rtol=2.0**-8, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "x_shape,w_shape,kwargs",
+    [
+        ((2, 192, 150, 150), (48, 192, 1, 1), dict()),  # EfficientNet's projections
+        ((2, 64, 64, 64), (32, 64, 1, 1), dict(stride=2)),
+        ((2, 40, 30_000), (16, 40, 1), dict()),
+    ],
+)
+def test_pointwise_convolutions_of_any_size_run_on_the_engine(mode, no_fallback, x_shape, w_shape, kwargs):
+    # A 1x1 window without padding reads its im2col columns in place, so
+    # the buffer's size limit does not apply.
+    g = torch.Generator().manual_seed(9)
+    x, w, b = (
+        torch.randn(x_shape, generator=g),
+        torch.randn(w_shape, generator=g),
+        torch.randn(w_shape[0], generator=g),
+    )
+    conv = torch.nn.functional.conv1d if len(x_shape) == 3 else torch.nn.functional.conv2d
+    want = conv(x, w, b, **kwargs)
+    got = conv(x.to("tpu"), w.to("tpu"), b.to("tpu"), **kwargs).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
 def test_a_convolution_the_engine_does_not_take_falls_back_with_its_arguments_in_place():
     # float64 stays on the CPU: the backward runs PyTorch's CPU kernel, which
     # takes one more argument than the overrideable op (the bias's size).
