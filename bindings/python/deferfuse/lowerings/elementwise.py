@@ -264,7 +264,7 @@ def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
         self.dtype in ("i32", "i64")
         and isinstance(other, ET)
         and other.dtype in ("i32", "i64")
-        and (other.dtype == self.dtype or not other.shape)
+        and (other.dtype == self.dtype or (self.shape and not other.shape))
     ):
         # PyTorch raises for a zero divisor: here at the next read, as an
         # index out of range does (the divisor's zero flag against a size of 1).
