@@ -143,6 +143,11 @@ impl PyTensor {
         }
     }
 
+    /// The dtype a binary op of `self` and `rhs` promotes to.
+    fn result_type(&self, rhs: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+        Ok(self.inner.result_type(&operand(rhs)?).name())
+    }
+
     /// `self ? on_true : on_false` (self is the condition).
     fn where_(&self, on_true: &Bound<'_, PyAny>, on_false: &Bound<'_, PyAny>) -> R {
         wrap(self.inner.where_cond(operand(on_true)?, operand(on_false)?))

@@ -199,6 +199,12 @@ impl Tensor {
         }
     }
 
+    /// The dtype a binary op of `self` and `rhs` promotes to, as
+    /// `torch.result_type` (a division of integers computes in f32 besides).
+    pub fn result_type(&self, rhs: &ScalarOrTensor) -> DType {
+        result_type(&[self.operand(), rhs.operand()])
+    }
+
     fn ctx(&self) -> Context {
         self.context()
     }
@@ -241,7 +247,7 @@ impl Tensor {
         let name = kind.name();
         // Check shapes before any cast is recorded, so a bad call records nothing.
         broadcast_shapes(name, self.shape(), rhs.shape())?;
-        let common = result_type(&[self.operand(), rhs.operand()]);
+        let common = self.result_type(&rhs);
         let compute = match kind {
             BinaryOp::LogicalAnd | BinaryOp::LogicalOr => DType::Bool,
             BinaryOp::Div if !common.is_float() => DType::F32,

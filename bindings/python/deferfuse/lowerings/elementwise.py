@@ -276,10 +276,11 @@ def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
     # A float quotient: the true division floored or truncated, for a divisor
     # of any kind (a Python int like `x // 2` too). Half precision divides in
     # float32 and rounds once, after the floor, as PyTorch's kernels do.
-    q = self.binary("div", other)
-    low = q.dtype if q.dtype in ("bf16", "f16") else None
-    if low is not None:
+    low = self.result_type(other)
+    if low in ("bf16", "f16"):
         q = self.cast("f32").binary("div", other.cast("f32") if isinstance(other, ET) else other)
+    else:
+        low, q = None, self.binary("div", other)
     q = q.unary("floor") if rounding_mode == "floor" else trunc(q)
     return q if low is None else q.cast(low)
 

@@ -61,11 +61,12 @@ def _check_operands(input: ET, weight: ET) -> int:
 
 
 def _geometry(
-    input: ET, weight: ET, stride: Any, padding: Any, dilation: Any, transposed: bool, columns: bool = True
+    input: ET, weight: ET, stride: Any, padding: Any, dilation: Any, transposed: bool
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """Stride, padding, dilation and output size of a convolution the
-    lowerings take (not transposed, batched, float, non-empty); with
-    `columns`, refused when its im2col buffer would be too large."""
+    lowerings take (not transposed, batched, float, non-empty), refused
+    when its im2col buffer would be too large. A 1x1 window without padding
+    reads its columns from the input itself: no buffer, so no limit."""
     if transposed:
         raise Unsupported("a transposed convolution")
     n = _check_operands(input, weight)
@@ -75,7 +76,7 @@ def _geometry(
     out = [(size + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for size, kk, ss, pp, dd in zip(spatial, k, s, p, d)]
     if any(o <= 0 for o in out):
         raise Unsupported("convolution window larger than the input")
-    if columns:
+    if math.prod(k) > 1 or any(p):
         _check_size(input.shape[0] * input.shape[1] * math.prod(k), math.prod(out))
     return s, p, d, out
 
@@ -214,12 +215,7 @@ def convolution(
         y = _input_gradient(input, weight, s, p, d, out, groups)
         channels = weight.shape[1] * groups
     else:
-        # A 1x1 window without padding reads its columns in place: no im2col
-        # buffer, so no limit on its size.
-        in_place = math.prod(weight.shape[2:]) == 1 and not any(
-            _pool_param(padding, len(weight.shape) - 2, 0)
-        )
-        s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed, columns=not in_place)
+        s, p, d, out = _geometry(input, weight, stride, padding, dilation, transposed)
         y = _forward(input, weight, s, p, d, out, groups)
         channels = weight.shape[0]
     if bias is not None:
