@@ -165,14 +165,16 @@ def _shrink(config: Any, widths: bool = True, seen: set[int] | None = None) -> N
             _shrink(sub, widths, seen)
 
 
-def _inputs(model: Any, config: Any) -> dict:
-    """Inputs for the forward's first argument, by its name."""
+def _inputs(build: Any, config: Any) -> dict:
+    """Inputs for the first argument of the forward of the model class
+    `build`, by its name: known before the model is built (and its weights
+    initialized, the slow part of a large one)."""
     import inspect
 
     import torch
 
     g = torch.Generator().manual_seed(1)
-    params = list(inspect.signature(model.forward).parameters)
+    params = [p for p in inspect.signature(build.forward).parameters if p != "self"]
     first = params[0] if params else ""
     vocab = getattr(config, "vocab_size", None) or 128
     if first == "input_ids":
@@ -212,17 +214,27 @@ class NoInputs(ValueError):
     """The runner cannot make inputs for this forward (whatever the config)."""
 
 
-def _weight_bytes(build: Any, config: Any) -> int:
-    """The bytes of the weights `build(config)` would hold, from a build on
-    the meta device (no memory, no initialization); 0 when that fails."""
+def _on_meta(build: Any, config: Any, inputs: dict) -> tuple[int, str | None]:
+    """Builds the model on the meta device (no memory, no initialization,
+    no arithmetic: shapes only). Returns the bytes its weights would hold
+    (0 when even that fails) and the error of a forward there, if that
+    error would be the CPU's too: one that names the meta device (a read
+    of values, `.item()`; devices mixed) says nothing about the CPU."""
     import torch
 
     try:
         with torch.device("meta"):
-            model = build(config)
-        return sum(p.numel() * p.element_size() for p in model.parameters())
+            model = build(config).eval()
     except Exception:
-        return 0
+        return 0, None
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    try:
+        with torch.no_grad():
+            model(**{k: v.to("meta") for k, v in inputs.items()})
+    except Exception as err:
+        why = f"{type(err).__name__}: {err}".splitlines()[0][:160]
+        return weights, None if "meta" in why.lower() else why
+    return weights, None
 
 
 def _floats(out: Any) -> list[Any]:
@@ -283,15 +295,21 @@ def child(model_type: str, mode: str, train: bool, report: Any = None) -> dict[s
             build = getattr(transformers, MODEL_MAPPING_NAMES[model_type])
             config = CONFIG_MAPPING[model_type]()
             _shrink(config, widths)
-            # Default widths can mean tens of GB of weights: ones that could
-            # never fit under the cap are not built (initializing them
-            # would take a minute before the cap stopped the process).
-            if not widths and _weight_bytes(build, config) > MEMORY_CAP:
-                row["skipped"] = f"over the {MEMORY_CAP >> 30} GiB memory cap (its weights alone)"
-                break
+            inputs = _inputs(build, config)
+            # Default widths can mean gigabytes of weights, and initializing
+            # them takes up to minutes: a model whose weights alone pass the
+            # cap, or whose forward fails on the meta device already, is
+            # not built.
+            if not widths:
+                weights, why = _on_meta(build, config, inputs)
+                if weights > MEMORY_CAP:
+                    row["skipped"] = f"over the {MEMORY_CAP >> 30} GiB memory cap (its weights alone)"
+                    break
+                if why is not None:
+                    row["skipped"] = f"on the meta device: {why}"
+                    break
             torch.manual_seed(0)
             model = build(config).eval()
-            inputs = _inputs(model, config)
             with torch.no_grad():
                 want = _floats(model(**inputs))
             row.pop("skipped", None)
