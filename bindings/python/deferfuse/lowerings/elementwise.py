@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -518,6 +519,7 @@ def _in_f32(fn: Callable[..., ET]) -> Callable[..., ET]:
     """Runs a composition in f32 and rounds once to the operands' float dtype,
     as PyTorch's bf16/f16 kernels compute in float (opmath)."""
 
+    @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> ET:
         floats = [a.dtype for a in args if isinstance(a, ET) and is_float(a)]
         out_dtype = "f32" if not floats or "f32" in floats else floats[0]
@@ -525,7 +527,6 @@ def _in_f32(fn: Callable[..., ET]) -> Callable[..., ET]:
         out = fn(*widened, **kwargs)
         return out.cast(out_dtype) if out.dtype != out_dtype else out
 
-    run.__doc__ = fn.__doc__
     return run
 
 
@@ -645,6 +646,93 @@ def atan2(self: ET, other: ET) -> ET:
     out = _neg_sign(y).where_(angle.unary("neg"), angle)
     nan = y.binary("ne", y).binary("logical_or", x.binary("ne", x))
     return nan.where_(float("nan"), out)
+
+
+def _one(x: ET) -> ET:
+    return eng().full(1.0, [], x.dtype)
+
+
+@lower("atan.default")
+@_in_f32
+def atan(self: ET) -> ET:
+    x = _float_unary(self)
+    return atan2(x, _one(x))
+
+
+def _cos_of_sin(x: ET) -> ET:
+    """sqrt(1 - x^2) as sqrt((1 - x)(1 + x)): exact near |x| = 1, where
+    1 - x^2 would lose every digit; NaN past |x| = 1."""
+    return x.unary("neg").binary("add", 1.0).binary("mul", x.binary("add", 1.0)).unary("sqrt")
+
+
+@lower("asin.default")
+@_in_f32
+def asin(self: ET) -> ET:
+    x = _float_unary(self)
+    return atan2(x, _cos_of_sin(x))
+
+
+@lower("acos.default")
+@_in_f32
+def acos(self: ET) -> ET:
+    x = _float_unary(self)
+    return atan2(_cos_of_sin(x), x)
+
+
+#: Numerical Recipes' `erfcc` fit: erfc(y) = t exp(-y^2 + P(t)), t = 1 / (1 + y/2),
+#: for y >= 0 with a fractional error below 1.2e-7 (coefficients of t^0..t^9).
+_ERFC_FIT = (
+    -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+    0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277,
+)  # fmt: skip
+
+
+def _erf_parts(x: ET) -> tuple[ET, ET, ET]:
+    """(|x| < 1/2, erf(x) from its Maclaurin series there, erfc(|x|) from the
+    fit elsewhere). The series to x^15 is exact to 1e-9 relative below 1/2,
+    where 1 - erfc would lose digits to cancellation."""
+    y = x.unary("abs")
+    small = y.binary("lt", 0.5)
+    x2 = x.binary("mul", x)
+    series = None
+    for n in range(7, -1, -1):  # Horner in x^2 on (-1)^n / (n! (2n + 1))
+        c = (-1.0) ** n / (math.factorial(n) * (2 * n + 1))
+        series = eng().full(c, [], x.dtype) if series is None else series.binary("mul", x2).binary("add", c)
+    series = series.binary("mul", x).binary("mul", 2.0 / math.sqrt(math.pi))
+    # erfc(11) underflows f32: the tail is 0 from there, and infinity stays
+    # out of the split below (NaN passes through).
+    y = y.binary("minimum", 11.0)
+    t = y.binary("mul", 0.5).binary("add", 1.0).unary("reciprocal")
+    p = None
+    for c in reversed(_ERFC_FIT):
+        p = eng().full(c, [], x.dtype) if p is None else p.binary("mul", t).binary("add", c)
+    # y^2 split as yh^2 + (y - yh)(y + yh), yh = floor(16 y) / 16 squaring
+    # exactly: the exponent's rounding would cost erfc up to 4e-6 relative.
+    yh = y.binary("mul", 16.0).unary("floor").binary("mul", 1.0 / 16.0)
+    cross = y.binary("sub", yh).binary("mul", y.binary("add", yh))
+    head = yh.binary("mul", yh).unary("neg").unary("exp")
+    tail = t.binary("mul", head).binary("mul", p.binary("sub", cross).unary("exp"))
+    return small, series, tail
+
+
+@lower("erf.default")
+@_in_f32
+def erf(self: ET) -> ET:
+    x = _float_unary(self)
+    small, series, tail = _erf_parts(x)
+    big = tail.unary("neg").binary("add", 1.0)
+    return small.where_(series, x.binary("lt", 0.0).where_(big.unary("neg"), big))
+
+
+@lower("erfc.default")
+@_in_f32
+def erfc(self: ET) -> ET:
+    x = _float_unary(self)
+    small, series, tail = _erf_parts(x)
+    return small.where_(
+        series.unary("neg").binary("add", 1.0),
+        x.binary("lt", 0.0).where_(tail.unary("neg").binary("add", 2.0), tail),
+    )
 
 
 @lower("logit.default")

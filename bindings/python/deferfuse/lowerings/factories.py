@@ -153,6 +153,22 @@ def arange_start_step(
     return _arange(start, end, step, dtype)
 
 
+@lower("eye.default", "eye.m")
+def eye(
+    n: int,
+    m: int | None = None,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> ET:
+    m = n if m is None else m
+    rows = eng().arange(0, n, 1, "i64").reshape([n, 1])
+    cols = eng().arange(0, m, 1, "i64").reshape([1, m])
+    return rows.binary("eq", cols).cast(_factory_dtype(dtype, torch.get_default_dtype()))
+
+
 @lower("fill.Scalar")
 def fill(self: ET, value: Any) -> ET:
     return constant(float(value), list(self.shape), self.dtype)
