@@ -300,6 +300,28 @@ def test_bool_mask_assignment(nan_mode, no_fallback):
     assert torch.equal(t.cpu(), x.masked_fill(x > 0, 0.0))
 
 
+def test_bool_mask_assignment_of_one_row(nan_mode, no_fallback):
+    """`x[mask] = row` (T5Gemma2's image-token embedding): every selected
+    element gets the same values, broadcast from the row."""
+    x, mask = torch.randn(2, 5, 4), torch.rand(2, 5) > 0.5
+    for value in (torch.randn(4), torch.randn(1, 4), torch.randn(1), torch.randn(2, 1, 4)[0], 2.5):
+        want = x.clone()
+        want[mask] = value
+        got = x.to("tpu")
+        got[mask.to("tpu")] = value.to("tpu") if isinstance(value, torch.Tensor) else value
+        assert torch.equal(got.cpu(), want)
+
+
+def test_bool_mask_assignment_that_cannot_broadcast_raises(nan_mode):
+    x, mask = torch.randn(2, 5, 4), torch.rand(2, 5) > 0.5
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        x[mask] = torch.randn(3)
+    t = x.to("tpu")
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        t[mask.to("tpu")] = torch.randn(3).to("tpu")
+        t.cpu()
+
+
 # ---- pooling --------------------------------------------------------------------
 
 

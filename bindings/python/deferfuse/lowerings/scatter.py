@@ -422,7 +422,8 @@ def index(self: ET, indices: list[Any]) -> ET:
 
 @lower("index_put.default")
 def index_put(self: ET, indices: list[Any], values: Any, accumulate: bool = False) -> ET:
-    """x[i, j] = v (or +=): a single bool mask with one value is a `where`;
+    """x[i, j] = v (or +=): a single bool mask with values the same for every
+    selected element (one value, or one row: `x[mask] = row`) is a `where`;
     integer indices scatter into the indexed axes flattened into one."""
     need_tensor(self)
     indices = list(indices)
@@ -430,12 +431,22 @@ def index_put(self: ET, indices: list[Any], values: Any, accumulate: bool = Fals
         values = values.cast(self.dtype)
     if len(indices) == 1 and isinstance(indices[0], ET) and indices[0].dtype == "bool" and not accumulate:
         mask = indices[0]
-        if (isinstance(values, ET) and math.prod(values.shape) != 1) or list(mask.shape) != list(
-            self.shape[: len(mask.shape)]
-        ):
-            raise Unsupported("bool-mask index_put with several values")
-        v = values.reshape([]) if isinstance(values, ET) else values
-        mask = mask.reshape(list(mask.shape) + [1] * (len(self.shape) - len(mask.shape)))
+        tail = list(self.shape[len(mask.shape) :])
+        if list(mask.shape) != list(self.shape[: len(mask.shape)]):
+            raise Unsupported("bool-mask index_put with a mask of another shape")
+        v = values
+        if isinstance(v, ET):
+            if math.prod(v.shape) == 1:
+                v = v.reshape([])
+            elif len(v.shape) == len(tail) + 1 and v.shape[0] == 1:
+                v = v.reshape(list(v.shape[1:]))
+            # self[mask] is [count] + tail: values that broadcast to the tail
+            # alone are the same for every selected element.
+            if len(v.shape) > len(tail) or any(
+                a not in (1, b) for a, b in zip(reversed(v.shape), reversed(tail))
+            ):
+                raise Unsupported("bool-mask index_put with values per selected element")
+        mask = mask.reshape(list(mask.shape) + [1] * len(tail))
         return mask.where_(v, self).cast(self.dtype)
     axes, rest, flat, shape, span, given = _linear_index(self, indices)
     b = math.prod(shape)
