@@ -15,11 +15,12 @@ features). The architecture is *tried* when that forward runs on CPU; it
 satisfies |tpu - cpu| <= 1e-4 + 1e-4 * max|cpu| (float32). Each
 architecture runs in its own process (forked from a server that has
 imported torch, transformers and deferfuse once), with a timeout and a
-12 GiB cap on its resident memory; one that cannot be built or run on CPU is *skipped*, with the
-reason. A default-widths config is first built and run on the meta device
-(shapes only): its weights over the cap, or a forward that fails there as
-it would on CPU, skip it without initializing the weights. `--train` adds one SGD step (lr 0.1) on the sum of the main output,
-compared parameter by parameter with the same tolerance.
+12 GiB cap on its resident memory; one that cannot be built or run on CPU
+is *skipped*, with the reason. A default-widths config is first built and
+run on the meta device (shapes only): its weights over the cap, or a
+forward that fails there as it would on CPU, skip it without initializing
+the weights. `--train` adds one SGD step (lr 0.1) on the sum of the main
+output, compared parameter by parameter with the same tolerance.
 
 The summary groups failures by their first line and counts, for every op
 that fell back to the CPU, the models that used it. With `--json` the last

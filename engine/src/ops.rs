@@ -199,8 +199,7 @@ impl Tensor {
         }
     }
 
-    /// The dtype a binary op of `self` and `rhs` promotes to, as
-    /// `torch.result_type` (a division of integers computes in f32 besides).
+    /// The dtype `self` and `rhs` promote to, as `torch.result_type` gives it.
     pub fn result_type(&self, rhs: &ScalarOrTensor) -> DType {
         result_type(&[self.operand(), rhs.operand()])
     }

@@ -277,13 +277,13 @@ def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
     # A float quotient: the true division floored or truncated, for a divisor
     # of any kind (a Python int like `x // 2` too). Half precision divides in
     # float32 and rounds once, after the floor, as PyTorch's kernels do.
-    low = self.result_type(other)
-    if low in ("bf16", "f16"):
+    half = self.result_type(other) in ("bf16", "f16")
+    if half:
         q = self.cast("f32").binary("div", other.cast("f32") if isinstance(other, ET) else other)
     else:
-        low, q = None, self.binary("div", other)
+        q = self.binary("div", other)
     q = q.unary("floor") if rounding_mode == "floor" else trunc(q)
-    return q if low is None else q.cast(low)
+    return q.cast(self.result_type(other)) if half else q
 
 
 def _integer_div(x: ET, d: int | ET, rounding_mode: str) -> ET:
@@ -648,15 +648,11 @@ def atan2(self: ET, other: ET) -> ET:
     return nan.where_(float("nan"), out)
 
 
-def _one(x: ET) -> ET:
-    return eng().full(1.0, [], x.dtype)
-
-
 @lower("atan.default")
 @_in_f32
 def atan(self: ET) -> ET:
     x = _float_unary(self)
-    return atan2(x, _one(x))
+    return atan2(x, eng().full(1.0, [], x.dtype))
 
 
 def _cos_of_sin(x: ET) -> ET:
