@@ -277,13 +277,14 @@ def div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> ET:
     # A float quotient: the true division floored or truncated, for a divisor
     # of any kind (a Python int like `x // 2` too). Half precision divides in
     # float32 and rounds once, after the floor, as PyTorch's kernels do.
-    half = self.result_type(other) in ("bf16", "f16")
+    dtype = self.result_type(other)
+    half = dtype in ("bf16", "f16")
     if half:
         q = self.cast("f32").binary("div", other.cast("f32") if isinstance(other, ET) else other)
     else:
         q = self.binary("div", other)
     q = q.unary("floor") if rounding_mode == "floor" else trunc(q)
-    return q.cast(self.result_type(other)) if half else q
+    return q.cast(dtype) if half else q
 
 
 def _integer_div(x: ET, d: int | ET, rounding_mode: str) -> ET:
