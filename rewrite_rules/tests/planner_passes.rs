@@ -102,6 +102,57 @@ fn split_off_keeps_a_long_chain_whole() {
     assert!(!has_cut(&off, CutReason::Limit));
 }
 
+/// The arithmetic a loop kernel runs (its loads and literals excluded).
+fn loop_ops(p: &Program) -> Vec<usize> {
+    use rewrite_rules::program::Instr;
+    p.kernels
+        .iter()
+        .filter_map(|k| match &k.kind {
+            KernelKind::Loop(l) => Some(
+                l.instrs
+                    .iter()
+                    .filter(|i| !matches!(i, Instr::Load { .. } | Instr::Literal { .. }))
+                    .count(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn split_cuts_long_chains_and_shared_dags_into_kernels_under_the_limit() {
+    // A plain chain of 3,000 ops, and a DAG whose every op reads the two
+    // before it (closures overlap, so counting each input's closure apart
+    // would count shared ops twice).
+    let chain = {
+        let mut b = B::default();
+        let mut v = b.param(&[64], DType::F32);
+        for i in 0..3000 {
+            v = b.un(if i % 2 == 0 { UnaryOp::Sin } else { UnaryOp::Tanh }, v);
+        }
+        b.done(&[v])
+    };
+    let shared = {
+        let mut b = B::default();
+        let (mut u, mut v) = (b.param(&[64], DType::F32), b.param(&[64], DType::F32));
+        for _ in 0..200 {
+            (u, v) = (v, b.bin(BinaryOp::Add, u, v));
+        }
+        b.done(&[v])
+    };
+    for (name, t, ops) in [("chain", &chain, 3000), ("shared", &shared, 200)] {
+        let limit = 64;
+        let p = planned(t, &PlanConfig { max_kernel_ops: limit, ..PlanConfig::default() });
+        let sizes = loop_ops(&p);
+        assert!(sizes.iter().all(|&n| n <= limit), "{name}: kernels of {sizes:?} ops");
+        assert_eq!(sizes.iter().sum::<usize>(), ops, "{name}: every op runs once");
+        // Cuts near the middle leave no kernel much under half the limit
+        // but the last of a chain.
+        let small = sizes.iter().filter(|&&n| n < limit / 4).count();
+        assert!(small <= 1, "{name}: kernels of {sizes:?} ops");
+    }
+}
+
 #[test]
 fn epilogues_off_stores_the_product() {
     // gelu-free linear: x @ w + bias, then relu.
