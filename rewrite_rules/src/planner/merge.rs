@@ -15,7 +15,7 @@
 //! [`crate::program::Program::budgets_exhausted`]. With
 //! [`super::PlanConfig::merge`] off, every draft is its own kernel.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use trace_ir::shape::numel;
 use trace_ir::NodeId;
@@ -24,37 +24,53 @@ use super::draft::Draft;
 use super::Planner;
 use crate::program::BudgetExhausted;
 
+/// The values a draft computes for others (its roots) and the values it reads.
+struct Edges {
+    roots: Vec<NodeId>,
+    reads: Vec<NodeId>,
+}
+
 impl Planner<'_> {
     /// Which drafts read each draft's outputs.
     pub(super) fn successors(&self, drafts: &[Draft]) -> Vec<BTreeSet<usize>> {
-        let mut by_value: BTreeMap<NodeId, usize> = BTreeMap::new();
-        for (k, d) in drafts.iter().enumerate() {
-            for r in d.roots() {
-                by_value.insert(r, k);
-            }
-        }
-        let mut succ = vec![BTreeSet::new(); drafts.len()];
-        for (k, d) in drafts.iter().enumerate() {
-            for v in self.reads_of(d) {
-                if let Some(&p) = by_value.get(&v) {
-                    if p != k {
-                        succ[p].insert(k);
-                    }
-                }
-            }
-        }
-        succ
+        let edges: Vec<Edges> = drafts.iter().map(|d| self.edges_of(d)).collect();
+        self.successors_of(&edges)
     }
 
-    fn reads_of(&self, d: &Draft) -> Vec<NodeId> {
-        match d {
+    /// What a draft writes and reads, kept per draft while merging: the
+    /// reads of a product resolve its operands' views, which is too dear to
+    /// redo for every draft after every merge.
+    fn edges_of(&self, d: &Draft) -> Edges {
+        let reads = match d {
             Draft::Single(n) => self.t.nodes[*n].inputs.to_vec(),
             Draft::MatMul(n) => match self.matmul_operands(*n) {
                 Ok(ops) => ops.iter().map(|o| o.0).collect(),
                 Err(_) => self.t.nodes[*n].inputs.to_vec(),
             },
             Draft::Loop(l) => l.reads.iter().copied().collect(),
+        };
+        Edges { roots: d.roots(), reads }
+    }
+
+    fn successors_of(&self, edges: &[Edges]) -> Vec<BTreeSet<usize>> {
+        let mut by_value: Vec<Option<usize>> = vec![None; self.t.nodes.len()];
+        for (k, e) in edges.iter().enumerate() {
+            for &r in &e.roots {
+                by_value[r] = Some(k);
+            }
         }
+        let mut succ = vec![BTreeSet::new(); edges.len()];
+        for (k, e) in edges.iter().enumerate() {
+            for &v in &e.reads {
+                match by_value[v] {
+                    Some(p) if p != k => {
+                        succ[p].insert(k);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        succ
     }
 
     /// Whether `to` is reachable from `from` through at least one other draft.
@@ -78,10 +94,11 @@ impl Planner<'_> {
     pub(super) fn merge(&self, drafts: &mut Vec<Draft>) -> Option<BudgetExhausted> {
         let initial = self.cfg.merge_budget.unwrap_or(4 * drafts.len() + 16);
         let mut budget = initial;
+        let mut edges: Vec<Edges> = drafts.iter().map(|d| self.edges_of(d)).collect();
         let mut changed = true;
         while changed && budget > 0 {
             changed = false;
-            let succ = self.successors(drafts);
+            let succ = self.successors_of(&edges);
             'outer: for a in 0..drafts.len() {
                 let Draft::Loop(la) = &drafts[a] else { continue };
                 for b in 0..drafts.len() {
@@ -124,7 +141,9 @@ impl Planner<'_> {
                     }
                     let (lo, hi) = (a.min(b), a.max(b));
                     drafts.remove(hi);
+                    edges.remove(hi);
                     drafts[lo] = Draft::Loop(merged);
+                    edges[lo] = self.edges_of(&drafts[lo]);
                     changed = true;
                     break 'outer;
                 }
