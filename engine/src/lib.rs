@@ -52,7 +52,7 @@ pub use dump::FlushReason;
 pub use element::Element;
 pub use ops::{GeluApproximation, Scalar, ScalarOrTensor};
 pub use pipeline::{CacheStats, TierLimits, TierStats};
-pub use runtime::{BackendStats, HostData, MemoryStats};
+pub use runtime::{BackendStats, HostData, KernelStats, KernelTime, MemoryStats};
 pub use shared::{EngineStats, FlushReport};
 pub use tensor::Tensor;
 pub use trace_ir::{DType, Error, IndexErrorClass, IndexOutOfBounds, Result, Shape};

@@ -55,14 +55,15 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// Compiles and host/device transfers so far (zero where not counted).
+    /// Compiles, host/device transfers and kernel time so far (zero where
+    /// not counted).
     fn stats(&self) -> BackendStats {
         BackendStats::default()
     }
 }
 
-/// Counters of a backend's compiler and transfers, for tests and
-/// `Context::stats`. The native CPU backend counts nothing here.
+/// Counters of a backend's compiler, transfers and kernels, for tests and
+/// `Context::stats`. The native CPU backend counts only its kernels.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct BackendStats {
     /// Programs compiled from scratch.
@@ -79,6 +80,30 @@ pub struct BackendStats {
     pub device_to_host: u64,
     /// Inputs whose memory a run reused for an output (buffer donation).
     pub donated: u64,
+    /// Kernels run and the time they took, by kind (the native backend
+    /// counts these; PJRT's executables run as one call and do not).
+    pub kernels: KernelStats,
+}
+
+/// Kernels a backend ran, by kind: where a program's time goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KernelStats {
+    /// Single ops on the reference code (Strict's ops, and what the planner
+    /// left unfused).
+    pub single: KernelTime,
+    /// Fused elementwise, reduction and row loops.
+    pub loops: KernelTime,
+    /// Matrix products with their epilogues.
+    pub matmul: KernelTime,
+    /// Floating-point operations of those products (2 per multiply-add).
+    pub matmul_flops: u64,
+}
+
+/// How many kernels of one kind ran, and their wall time in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KernelTime {
+    pub runs: u64,
+    pub ns: u64,
 }
 
 /// Where a backend keeps compiled executables across processes (tier 3 of

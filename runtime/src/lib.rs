@@ -36,7 +36,7 @@ pub mod memory;
 #[cfg(feature = "pjrt")]
 pub mod pjrt;
 
-pub use backend::{ArtifactStore, Backend, BackendStats, Executable};
+pub use backend::{ArtifactStore, Backend, BackendStats, Executable, KernelStats, KernelTime};
 pub use buffer::{Buffer, DeviceData, Storage};
 pub use cpu::CpuBackend;
 pub use host_data::HostData;

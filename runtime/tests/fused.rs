@@ -366,6 +366,35 @@ fn linear_bias_gelu_is_one_matmul_with_epilogue() {
 }
 
 #[test]
+fn backend_stats_count_each_kernel_by_kind_with_the_products_flops() {
+    let mut b = B::default();
+    let x = b.param(&[3, 64, 96], DType::F32);
+    let w = b.param(&[128, 96], DType::F32);
+    let wt = transpose(&mut b, w);
+    let h = b.op(Op::MatMul, &[x, wt]);
+    let y = softmax(&mut b, h, 2);
+    let trace = b.out(&[y]);
+    let fused = plan(&trace, &PlanConfig::default()).unwrap();
+    let unfused = Program::unfused(&trace);
+    let inputs = [random_input(trace.meta(x), 1), random_input(trace.meta(w), 2)];
+    let be = backend();
+    assert_eq!(be.stats().kernels, runtime::KernelStats::default());
+    run_on(&be, &fused, &inputs).unwrap();
+    let after_fused = be.stats().kernels;
+    assert_eq!(after_fused.matmul.runs, 1);
+    assert_eq!(after_fused.loops.runs as usize, loops(&fused));
+    assert_eq!(after_fused.single.runs as usize, fused.kernels.len() - 1 - loops(&fused));
+    assert_eq!(after_fused.matmul_flops, 2 * 3 * 64 * 96 * 128);
+    // Unfused, every op is a single kernel; the backend's counts add up over
+    // its executables.
+    run_on(&be, &unfused, &inputs).unwrap();
+    let total = be.stats().kernels;
+    assert_eq!(total.single.runs - after_fused.single.runs, unfused.kernels.len() as u64);
+    assert_eq!((total.matmul.runs, total.matmul_flops), (1, after_fused.matmul_flops));
+    assert!(total.matmul.ns > 0 && total.single.ns > after_fused.single.ns);
+}
+
+#[test]
 fn adam_is_one_kernel_with_three_outputs() {
     let p = check_default(&adam(5000));
     assert_eq!(p.kernels.len(), 1);

@@ -17,6 +17,7 @@
 //! at its last use and uniquely owned instead of allocating, so the
 //! [`MemoryTracker`] sees the peak an eager executor would have.
 
+mod clock;
 mod elem;
 mod elementwise;
 pub mod erf;
@@ -40,6 +41,7 @@ use crate::backend::{Backend, Executable};
 use crate::buffer::Buffer;
 use crate::host_data::HostData;
 use crate::memory::{Lease, MemoryTracker};
+use clock::{KernelClock, Kind};
 use elem::Src;
 
 /// A runtime failure of this backend.
@@ -53,12 +55,14 @@ pub struct CpuBackend {
     tracker: Arc<MemoryTracker>,
     /// Whether fused kernels use the SIMD code this CPU runs (see [`Self::with_simd`]).
     simd: bool,
+    /// Kernel time of every executable this backend compiled.
+    clock: Arc<KernelClock>,
 }
 
 impl CpuBackend {
     /// A backend whose fused kernels use the best SIMD code this CPU runs.
     pub fn new(tracker: Arc<MemoryTracker>) -> CpuBackend {
-        CpuBackend { tracker, simd: true }
+        CpuBackend { tracker, simd: true, clock: Arc::default() }
     }
 
     /// With `simd` off, the fused kernels of programs this backend compiles
@@ -78,7 +82,8 @@ impl Backend for CpuBackend {
 
     fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>> {
         let isa = fused::Isa::choose(self.simd);
-        Ok(Arc::new(CpuExecutable::with_isa(program, self.tracker.clone(), isa)?))
+        let exec = CpuExecutable::with_isa(program, self.tracker.clone(), isa)?;
+        Ok(Arc::new(CpuExecutable { clock: self.clock.clone(), ..exec }))
     }
 
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
@@ -92,6 +97,11 @@ impl Backend for CpuBackend {
 
     fn memory(&self) -> &Arc<MemoryTracker> {
         &self.tracker
+    }
+
+    /// Kernel time by kind; nothing is compiled or copied here.
+    fn stats(&self) -> crate::BackendStats {
+        crate::BackendStats { kernels: self.clock.snapshot(), ..Default::default() }
     }
 }
 
@@ -116,6 +126,8 @@ pub struct CpuExecutable {
     tracker: Arc<MemoryTracker>,
     /// The tile code the fused loops run.
     isa: fused::Isa,
+    /// Where the kernels' time is counted.
+    clock: Arc<KernelClock>,
 }
 
 impl std::fmt::Debug for CpuExecutable {
@@ -198,7 +210,8 @@ impl CpuExecutable {
             }
             uses[o] += 1;
         }
-        Ok(CpuExecutable { program: program.clone(), kernels, uses, tracker, isa })
+        let clock = Arc::default();
+        Ok(CpuExecutable { program: program.clone(), kernels, uses, tracker, isa, clock })
     }
 
     pub fn program(&self) -> &Program {
@@ -390,6 +403,7 @@ impl CpuExecutable {
             }
         }
         let mut left = self.uses.clone();
+        let mut lap = std::time::Instant::now();
         for (k, (kernel, compiled)) in p.kernels.iter().zip(&self.kernels).enumerate() {
             let mut args: SmallVec<[Arc<Buffer>; 3]> = SmallVec::new();
             for &i in &kernel.inputs {
@@ -401,20 +415,26 @@ impl CpuExecutable {
                     internal(format!("kernel {k} reads value {i}, which has no value"))
                 })?);
             }
-            let outs = match compiled {
-                Compiled::Single(op) => vec![self.eval(op, args)?],
+            let (kind, outs) = match compiled {
+                Compiled::Single(op) => (Kind::Single, vec![self.eval(op, args)?]),
                 Compiled::Loop(l) => {
                     let planned = match &kernel.kind {
                         KernelKind::Loop(lk) => lk.shape.as_slice(),
                         _ => return Err(internal(format!("kernel {k} is not a loop"))),
                     };
-                    l.run(args.into_vec(), None, planned, &self.tracker, self.isa)
-                        .map_err(|e| annotate(p, k, e))?
+                    let outs = l
+                        .run(args.into_vec(), None, planned, &self.tracker, self.isa)
+                        .map_err(|e| annotate(p, k, e))?;
+                    (Kind::Loop, outs)
                 }
-                Compiled::MatMul(m) => m
-                    .run(args.into_vec(), &self.tracker, self.isa)
-                    .map_err(|e| annotate(p, k, e))?,
+                Compiled::MatMul(m) => {
+                    let outs = m
+                        .run(args.into_vec(), &self.tracker, self.isa, &self.clock)
+                        .map_err(|e| annotate(p, k, e))?;
+                    (Kind::MatMul, outs)
+                }
             };
+            lap = self.clock.lap(kind, lap);
             for (&o, out) in kernel.outputs.iter().zip(outs) {
                 if self.uses[o] > 0 {
                     vals[o] = Some(Arc::new(out));
@@ -478,8 +498,16 @@ impl Executable for CpuExecutable {
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()?;
-        let (uses, tracker, isa) = (self.uses.clone(), self.tracker.clone(), self.isa);
-        Some(Arc::new(CpuExecutable { program: program.clone(), kernels, uses, tracker, isa }))
+        let (uses, tracker, isa, clock) =
+            (self.uses.clone(), self.tracker.clone(), self.isa, self.clock.clone());
+        Some(Arc::new(CpuExecutable {
+            program: program.clone(),
+            kernels,
+            uses,
+            tracker,
+            isa,
+            clock,
+        }))
     }
 }
 

@@ -216,6 +216,7 @@ impl Backend for PjrtBackend {
             host_to_device: get(&c.host_to_device),
             device_to_host: get(&c.device_to_host),
             donated: get(&c.donated),
+            kernels: Default::default(),
         }
     }
 }

@@ -15,6 +15,7 @@ use super::io::{bf16_to_f32, f32_to_bf16_bits};
 use super::loops::{view_geometry, LoopExec};
 use super::tile::Isa;
 use crate::buffer::Buffer;
+use crate::cpu::clock::KernelClock;
 use crate::cpu::elem::{walk, Strides};
 use crate::cpu::{check_alloc, host, internal};
 use crate::host_data::HostData;
@@ -103,6 +104,7 @@ impl MatMulExec {
         inputs: Vec<Arc<Buffer>>,
         tracker: &Arc<MemoryTracker>,
         isa: Isa,
+        clock: &KernelClock,
     ) -> Result<Vec<Buffer>> {
         let (a, b) = (&inputs[0], &inputs[1]);
         if a.meta().dtype != b.meta().dtype {
@@ -128,6 +130,7 @@ impl MatMulExec {
         out_shape.push(m);
         out_shape.push(n);
         let total = numel(&out_shape);
+        clock.add_flops(2 * (total as u64).saturating_mul(kk as u64));
         let out_meta = Meta::new(out_shape.clone(), self.out.dtype);
         check_alloc(&out_meta)?;
         // The product goes straight into the output when nothing follows and
