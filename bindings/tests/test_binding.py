@@ -192,6 +192,22 @@ def test_stats_are_nested_numbers():
     assert numbers(after), after
 
 
+def test_stats_say_where_kernel_time_went():
+    with deferfuse.mode("defer_and_fuse"):
+        x = torch.randn(3, 16, 32).to("tpu")
+        w = torch.randn(64, 32).to("tpu")
+        deferfuse.sync()
+        before = deferfuse.stats()["backend"]["kernels"]
+        torch.nn.functional.linear(x, w).softmax(-1).sum().item()
+        after = deferfuse.stats()["backend"]["kernels"]
+    # One product of 3*16 rows, depth 32, 64 columns, and at least one loop
+    # (the softmax and the sum), each with its wall time.
+    assert after["matmul"]["runs"] == before["matmul"]["runs"] + 1
+    assert after["matmul_flops"] - before["matmul_flops"] == 2 * 3 * 16 * 32 * 64
+    assert after["matmul"]["ns"] > before["matmul"]["ns"]
+    assert after["loops"]["runs"] > before["loops"]["runs"]
+
+
 def _model():
     return torch.nn.Sequential(
         torch.nn.Linear(8, 16),

@@ -69,7 +69,8 @@ pub struct EngineStats {
     pub flushes: u64,
     pub cache: CacheStats,
     /// Compiles, executables loaded from disk and host/device transfers, as
-    /// the backend counts them (the PJRT backend does; the native one does not).
+    /// the PJRT backend counts them, and kernel time by kind, as the native
+    /// CPU backend counts it.
     pub backend: runtime::BackendStats,
     /// Live and peak bytes of this context's buffers.
     pub memory: MemoryStats,
