@@ -41,6 +41,22 @@ def test_normal_is_normal(mode, no_fallback):
     assert abs(z.std().item() - 1.0) < 0.03
 
 
+def test_normal_halves_are_independent_normals_at_any_size(no_fallback):
+    # One normal from the cosine and one from the sine of each Box-Muller
+    # pair: both halves normal, uncorrelated with each other (elementwise,
+    # pair by pair) and squared (the radius they share); odd sizes drop
+    # the last sine.
+    z = torch.randn(2 * N + 1, device="tpu").cpu()
+    assert z.shape == (2 * N + 1,) and torch.isfinite(z).all()
+    first, second = z[:N], z[N + 1 :]
+    for half in (first, second):
+        assert _ks(half, _normal_cdf) < KS_CRITICAL
+    assert abs(torch.corrcoef(torch.stack([first, second]))[0, 1].item()) < 0.05
+    squares = torch.stack([first * first, second * second])
+    assert abs(torch.corrcoef(squares)[0, 1].item()) < 0.05
+    assert _ks(torch.randn(3, 5, 7, device="tpu").cpu().flatten(), _normal_cdf) < 0.4
+
+
 def test_normal_with_mean_and_std(no_fallback):
     x = torch.empty(N, device="tpu").normal_(3.0, 0.5).cpu()
     assert _ks((x - 3.0) / 0.5, _normal_cdf) < KS_CRITICAL
