@@ -54,6 +54,7 @@ pub fn normal(seed: u64, i: u64) -> f32 {
     ((-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
 }
 
+/// `f(i)` for every `i < n`, built in parallel chunks.
 fn floats<T: Default + Clone + Send + 'static>(
     n: usize,
     f: impl Fn(u64) -> T + Sync + Send,
@@ -88,15 +89,17 @@ pub(crate) fn random(seed: u64, dist: Distribution, dtype: DType, n: usize) -> R
 }
 
 /// `start + i * step` for `i < len`, computed in f64 and converted to `dtype`
-/// as [`HostData::filled`] converts its value.
+/// as [`HostData::filled`] converts its value. Built as the random draws
+/// are (in parallel, into a cached allocation when one fits): the index
+/// vector of every device draw is one.
 pub(crate) fn arange(start: f64, step: f64, len: usize, dtype: DType) -> HostData {
-    let v = |i: usize| start + i as f64 * step;
+    let v = move |i: u64| start + i as f64 * step;
     match dtype {
-        DType::Bool => HostData::Bool((0..len).map(|i| v(i) != 0.0).collect()),
-        DType::I32 => HostData::I32((0..len).map(|i| v(i) as i32).collect()),
-        DType::I64 => HostData::I64((0..len).map(|i| v(i) as i64).collect()),
-        DType::BF16 => HostData::BF16((0..len).map(|i| bf16::from_f64(v(i))).collect()),
-        DType::F16 => HostData::F16((0..len).map(|i| f16::from_f64(v(i))).collect()),
-        DType::F32 => HostData::F32((0..len).map(|i| v(i) as f32).collect()),
+        DType::Bool => HostData::Bool(floats(len, move |i| v(i) != 0.0)),
+        DType::I32 => HostData::I32(floats(len, move |i| v(i) as i32)),
+        DType::I64 => HostData::I64(floats(len, move |i| v(i) as i64)),
+        DType::BF16 => HostData::BF16(floats(len, move |i| bf16::from_f64(v(i)))),
+        DType::F16 => HostData::F16(floats(len, move |i| f16::from_f64(v(i)))),
+        DType::F32 => HostData::F32(floats(len, move |i| v(i) as f32)),
     }
 }
