@@ -5,13 +5,14 @@ one has d_model 64, 2 layers, batch 8 x 32; the medium one d_model 256, 4
 layers, batch 8 x 128. Each row is one loop run in this process on the CPU
 and on `tpu`, the mean step time after the warm-up steps, the ratio, and
 the tier-1 cache misses after warm-up. Rows run `--repeats` times and
-print the median ratio. The last column says where `tpu`'s step went, from
-`deferfuse.stats()["backend"]["kernels"]` over the timed steps (medians):
-milliseconds per step in matrix products (at their GFLOP/s), fused loops
-and single ops; the rest of the step is recording, rewriting and Python. The decoding row is a tiny Llama (transformers,
+print the median ratio. The decoding row is a tiny Llama (transformers,
 random weights, 2 layers of width 64) generating 32 tokens greedily from
 16, timed per token after one warm-up call; its misses are those of the
 first, cold call after its third token (the KV cache grows every token).
+The last column says where `tpu`'s step went, from
+`deferfuse.stats()["backend"]["kernels"]` over the timed steps (medians):
+milliseconds per step in matrix products (at their GFLOP/s), fused loops
+and single ops; the rest of the step is recording, rewriting and Python.
 
 Run: TORCH_TPU_EAGER_MODE=defer_and_fuse TORCH_TPU_CACHE_DIR=off \\
      .venv/bin/python bindings/bench/train_loop.py [--repeats 3]

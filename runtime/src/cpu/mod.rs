@@ -82,8 +82,8 @@ impl Backend for CpuBackend {
 
     fn compile(&self, program: &Program) -> Result<Arc<dyn Executable>> {
         let isa = fused::Isa::choose(self.simd);
-        let exec = CpuExecutable::with_isa(program, self.tracker.clone(), isa)?;
-        Ok(Arc::new(CpuExecutable { clock: self.clock.clone(), ..exec }))
+        let exec = CpuExecutable::with_isa(program, self.tracker.clone(), isa, self.clock.clone())?;
+        Ok(Arc::new(exec))
     }
 
     fn upload(&self, meta: Meta, data: HostData) -> Result<Arc<Buffer>> {
@@ -141,14 +141,17 @@ impl CpuExecutable {
     /// earlier kernel) and compiles its fused kernels for the best SIMD code
     /// this CPU runs.
     pub fn new(program: &Program, tracker: Arc<MemoryTracker>) -> Result<CpuExecutable> {
-        Self::with_isa(program, tracker, fused::Isa::detect())
+        Self::with_isa(program, tracker, fused::Isa::detect(), Arc::default())
     }
 
-    /// [`Self::new`], the fused loops running the tile code of `isa`.
+    /// [`Self::new`], the fused loops running the tile code of `isa` and
+    /// the kernels' time counted on `clock` (a backend's, shared by all it
+    /// compiles).
     fn with_isa(
         program: &Program,
         tracker: Arc<MemoryTracker>,
         isa: fused::Isa,
+        clock: Arc<KernelClock>,
     ) -> Result<CpuExecutable> {
         let nv = program.values.len();
         let bad = |msg: String| Error::InvalidTrace(format!("program: {msg}"));
@@ -210,7 +213,6 @@ impl CpuExecutable {
             }
             uses[o] += 1;
         }
-        let clock = Arc::default();
         Ok(CpuExecutable { program: program.clone(), kernels, uses, tracker, isa, clock })
     }
 

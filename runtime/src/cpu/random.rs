@@ -55,7 +55,7 @@ pub fn normal(seed: u64, i: u64) -> f32 {
 }
 
 /// `f(i)` for every `i < n`, built in parallel chunks.
-fn floats<T: Default + Clone + Send + 'static>(
+fn generate<T: Default + Clone + Send + 'static>(
     n: usize,
     f: impl Fn(u64) -> T + Sync + Send,
 ) -> Vec<T> {
@@ -69,20 +69,20 @@ fn floats<T: Default + Clone + Send + 'static>(
 pub(crate) fn random(seed: u64, dist: Distribution, dtype: DType, n: usize) -> Result<HostData> {
     Ok(match (dist, dtype) {
         (Distribution::Uniform, DType::F32) => {
-            HostData::F32(floats(n, |i| uniform(seed, i, 24) as f32))
+            HostData::F32(generate(n, |i| uniform(seed, i, 24) as f32))
         }
         (Distribution::Uniform, DType::F16) => {
-            HostData::F16(floats(n, |i| f16::from_f64(uniform(seed, i, 11))))
+            HostData::F16(generate(n, |i| f16::from_f64(uniform(seed, i, 11))))
         }
         (Distribution::Uniform, DType::BF16) => {
-            HostData::BF16(floats(n, |i| bf16::from_f64(uniform(seed, i, 8))))
+            HostData::BF16(generate(n, |i| bf16::from_f64(uniform(seed, i, 8))))
         }
-        (Distribution::Normal, DType::F32) => HostData::F32(floats(n, |i| normal(seed, i))),
+        (Distribution::Normal, DType::F32) => HostData::F32(generate(n, |i| normal(seed, i))),
         (Distribution::Normal, DType::F16) => {
-            HostData::F16(floats(n, |i| f16::from_f32(normal(seed, i))))
+            HostData::F16(generate(n, |i| f16::from_f32(normal(seed, i))))
         }
         (Distribution::Normal, DType::BF16) => {
-            HostData::BF16(floats(n, |i| bf16::from_f32(normal(seed, i))))
+            HostData::BF16(generate(n, |i| bf16::from_f32(normal(seed, i))))
         }
         (_, d) => return Err(Error::dtype("random", "random values need a floating dtype", &[d])),
     })
@@ -95,11 +95,11 @@ pub(crate) fn random(seed: u64, dist: Distribution, dtype: DType, n: usize) -> R
 pub(crate) fn arange(start: f64, step: f64, len: usize, dtype: DType) -> HostData {
     let v = move |i: u64| start + i as f64 * step;
     match dtype {
-        DType::Bool => HostData::Bool(floats(len, move |i| v(i) != 0.0)),
-        DType::I32 => HostData::I32(floats(len, move |i| v(i) as i32)),
-        DType::I64 => HostData::I64(floats(len, move |i| v(i) as i64)),
-        DType::BF16 => HostData::BF16(floats(len, move |i| bf16::from_f64(v(i)))),
-        DType::F16 => HostData::F16(floats(len, move |i| f16::from_f64(v(i)))),
-        DType::F32 => HostData::F32(floats(len, move |i| v(i) as f32)),
+        DType::Bool => HostData::Bool(generate(len, move |i| v(i) != 0.0)),
+        DType::I32 => HostData::I32(generate(len, move |i| v(i) as i32)),
+        DType::I64 => HostData::I64(generate(len, move |i| v(i) as i64)),
+        DType::BF16 => HostData::BF16(generate(len, move |i| bf16::from_f64(v(i)))),
+        DType::F16 => HostData::F16(generate(len, move |i| f16::from_f64(v(i)))),
+        DType::F32 => HostData::F32(generate(len, move |i| v(i) as f32)),
     }
 }
