@@ -447,6 +447,46 @@ fn concat_along_an_inner_axis() {
     assert_eq!(out, HostData::I32(vec![1, 10, 11, 1, 2, 20, 21, 2]));
 }
 
+/// Concat and row gathers large enough to run in parallel chunks, which
+/// start and end inside blocks and rows, against index arithmetic.
+#[test]
+fn large_concats_and_row_gathers_agree_with_their_definition() {
+    let (outer, widths) = (3001usize, [1usize, 0, 70, 5]);
+    let mut t = Trace::new();
+    let parts: Vec<NodeId> =
+        widths.iter().map(|&w| t.push_parameter(meta(&[outer, w], DType::F32))).collect();
+    let z = t.push(Op::Concat { axis: 1 }, &parts).unwrap();
+    t.outputs = vec![z];
+    let data: Vec<Vec<f32>> =
+        widths.iter().enumerate().map(|(i, &w)| noise(outer * w, i as u64)).collect();
+    let got = f32s(&run1(&t, data.iter().cloned().map(HostData::F32).collect()));
+    let want: Vec<f32> = (0..outer)
+        .flat_map(|o| data.iter().zip(widths).flat_map(move |(d, w)| d[o * w..(o + 1) * w].to_vec()))
+        .collect();
+    assert_eq!(got, want);
+
+    for row in [1usize, 3] {
+        let (rows, count) = (1000usize, 200_003usize);
+        let mut t = Trace::new();
+        let table = t.push_parameter(meta(&[rows, row], DType::F32));
+        let idx = t.push_parameter(meta(&[count], DType::I64));
+        let g = t.push(Op::GatherRows, &[table, idx]).unwrap();
+        t.outputs = vec![g];
+        let values = noise(rows * row, 7);
+        // Out of range indices read the nearest row.
+        let index: Vec<i64> = (0..count as i64).map(|i| (i * 7919) % 1100 - 50).collect();
+        let got = f32s(&run1(&t, vec![HostData::F32(values.clone()), HostData::I64(index.clone())]));
+        let want: Vec<f32> = index
+            .iter()
+            .flat_map(|&i| {
+                let r = i.clamp(0, rows as i64 - 1) as usize;
+                values[r * row..(r + 1) * row].to_vec()
+            })
+            .collect();
+        assert_eq!(got, want, "rows of {row}");
+    }
+}
+
 fn naive_matmul(a: &[f32], sa: &[usize], b: &[f32], sb: &[usize], out: &[usize]) -> Vec<f32> {
     let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
     let ob = &out[..out.len() - 2];

@@ -109,14 +109,28 @@ pub(crate) fn concat(inputs: &[(&HostData, &[usize])], axis: usize) -> Result<Ho
             .iter()
             .map(|&(d, s)| Ok((typed::<T>(d)?, s.get(axis).copied().unwrap_or(0) * inner)))
             .collect::<Result<Vec<_>>>()?;
-        let mut out: Vec<T> = with_room(total);
-        for o in 0..outer {
-            for &(d, block) in &parts {
-                let src = d.get(o * block..(o + 1) * block).ok_or_else(|| super::internal("concat input too short"))?;
-                out.extend_from_slice(src);
-            }
+        if parts.iter().any(|&(d, block)| d.len() != outer * block) {
+            return Err(super::internal("concat input of the wrong length"));
         }
-        T::wrap(out)
+        // Each output line (one index of the leading axes) is the inputs'
+        // blocks side by side; a chunk may start and end inside a block.
+        let line: usize = parts.iter().map(|&(_, block)| block).sum();
+        let starts: Vec<usize> = parts
+            .iter()
+            .scan(0, |at, &(_, block)| Some(std::mem::replace(at, *at + block)))
+            .collect();
+        T::wrap(build(total, |start, out: &mut [T]| {
+            let mut k = 0;
+            while k < out.len() {
+                let (o, w) = ((start + k) / line, (start + k) % line);
+                let j = starts.partition_point(|&s| s <= w) - 1;
+                let (d, block) = parts[j];
+                let c = w - starts[j];
+                let run = (block - c).min(out.len() - k);
+                out[k..k + run].copy_from_slice(&d[o * block + c..o * block + c + run]);
+                k += run;
+            }
+        }))
     }))
 }
 
@@ -149,11 +163,26 @@ pub(crate) fn gather_rows(
     let pick = |i: i64| i.clamp(0, n as i64 - 1) as usize * row;
     Ok(by_any!(table.dtype(), T => {
         let t = typed::<T>(table)?;
-        let mut out = with_room(idx.len() * row);
-        for &i in idx.iter() {
-            out.extend_from_slice(&t[pick(i)..pick(i) + row]);
-        }
-        T::wrap(out)
+        T::wrap(if row == 1 {
+            // An element gather (im2col's windows): no per-row bookkeeping.
+            build(idx.len(), |start, out: &mut [T]| {
+                for (o, &i) in out.iter_mut().zip(&idx[start..]) {
+                    *o = t[pick(i)];
+                }
+            })
+        } else {
+            build(idx.len() * row, |start, out: &mut [T]| {
+                // A chunk may start and end inside a row.
+                let mut k = 0;
+                while k < out.len() {
+                    let (r, c) = ((start + k) / row, (start + k) % row);
+                    let run = (row - c).min(out.len() - k);
+                    let src = pick(idx[r]) + c;
+                    out[k..k + run].copy_from_slice(&t[src..src + run]);
+                    k += run;
+                }
+            })
+        })
     }))
 }
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from .._engine import Tensor as ET
 from ._registry import Unsupported, eng, is_float, lower
 from .elementwise import _alpha
 from .lookups import _check_size
-from .nn import _offsets, _pool_param, add_windows_back
+from .nn import _pool_param
+from .pooling import const
 
 
 def _mm_check(a: ET, b: ET) -> None:
@@ -101,25 +104,6 @@ def _transposed_geometry(
     return s, p, d, out
 
 
-def _columns(input: ET, k: list[int], s: list[int], p: list[int], d: list[int], out: list[int]) -> ET:
-    """im2col: the input under each kernel offset, [N, C, prod(k), *out]."""
-    batch, channels = input.shape[0], input.shape[1]
-    x = input
-    for axis, pp in enumerate(p):
-        if pp:
-            shape = list(x.shape)
-            shape[2 + axis] = pp
-            zeros = eng().full(0.0, shape, x.dtype)
-            x = eng().cat([zeros, x, zeros], 2 + axis)
-    columns = []
-    for offset in _offsets(k):
-        window = x
-        for axis, (o, ss, dd, off) in enumerate(zip(out, s, d, offset)):
-            window = window.slice(2 + axis, off * dd, off * dd + (o - 1) * ss + 1, ss)
-        columns.append(window.reshape([batch, channels, 1] + out))
-    return eng().cat(columns, 2) if len(columns) > 1 else columns[0]
-
-
 @lower("im2col.default")
 def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> ET:
     """[N, C, H, W] (or [C, H, W]) -> [N, C * kh * kw, L], rows channel-major
@@ -138,40 +122,143 @@ def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any)
     if n * c == 0:  # no values: a constant of the right shape
         cols = eng().full(0.0, [n, c * math.prod(k), math.prod(out)], self.dtype)
     else:
-        cols = _columns(batched, k, s, p, d, out).reshape([n, c * math.prod(k), math.prod(out)])
+        cols = _column_matrix(batched, k, s, p, d, out, 1)  # [1, C * taps, N * positions]
+        cols = cols.reshape([c * math.prod(k), n, math.prod(out)]).permute([1, 0, 2])
     return cols if len(self.shape) == 4 else cols.reshape(list(cols.shape[1:]))
+
+
+# Window indices by engine and geometry: a model's convolutions reuse a few
+# dozen, and building one costs more than the gather it drives.
+_INDICES: dict[tuple, ET] = {}
+_INDEX_CACHE = 64
+
+
+def _window_index(
+    batch: int,
+    channels: int,
+    spatial: list[int],
+    k: list[int],
+    s: list[int],
+    p: list[int],
+    d: list[int],
+    out: list[int],
+) -> ET:
+    """The im2col geometry as one index: for each column entry, in the order
+    [channel, tap, sample, output position], the flat position of the input
+    element it reads, or the input's size where it reads padding. Built once
+    per geometry on the CPU and kept on the engine (see `_INDICES`)."""
+    key = (id(eng()), batch, channels, *map(tuple, (spatial, k, s, p, d, out)))
+    index = _INDICES.pop(key, None)
+    if index is None:
+        index = const(_window_positions(batch, channels, spatial, k, s, p, d, out))
+        if len(_INDICES) >= _INDEX_CACHE:
+            _INDICES.pop(next(iter(_INDICES)))
+    _INDICES[key] = index  # most recently used last
+    return index
+
+
+def _window_positions(
+    batch: int,
+    channels: int,
+    spatial: list[int],
+    k: list[int],
+    s: list[int],
+    p: list[int],
+    d: list[int],
+    out: list[int],
+) -> torch.Tensor:
+    rank, size = len(spatial), math.prod(spatial)
+    position = torch.zeros([1] * 2 * rank, dtype=torch.int64)  # over [*taps, *outputs]
+    inside = torch.ones([1] * 2 * rank, dtype=torch.bool)
+    step = 1
+    for a in reversed(range(rank)):
+        coord = (torch.arange(k[a]) * d[a]).view(-1, 1) + (torch.arange(out[a]) * s[a] - p[a]).view(1, -1)
+        shape = [1] * 2 * rank
+        shape[a], shape[rank + a] = k[a], out[a]
+        coord = coord.view(shape)
+        inside = inside & (coord >= 0) & (coord < spatial[a])
+        position = position + coord * step
+        step *= spatial[a]
+    taps, outputs = math.prod(k), math.prod(out)
+    position = position.expand(k + out).reshape(1, taps, 1, outputs)
+    inside = inside.expand(k + out).reshape(1, taps, 1, outputs)
+    plane = (torch.arange(channels) * size).view(channels, 1, 1, 1)
+    sample = (torch.arange(batch) * channels * size).view(1, 1, batch, 1)
+    index = torch.where(inside, plane + position + sample, batch * channels * size)
+    return index.reshape(-1)
+
+
+def _direct(k: list[int], p: list[int]) -> bool:
+    """Whether the columns are the input itself, strided: a 1x1 window
+    without padding."""
+    return math.prod(k) == 1 and not any(p)
+
+
+def _by_group(x: ET, groups: int) -> ET:
+    """[N, C, *spatial] -> [groups, C / groups, N * prod(spatial)]: the
+    batch folded into the columns, so each group is one matrix product."""
+    batch, channels, positions = x.shape[0], x.shape[1], math.prod(x.shape[2:])
+    x = x.reshape([batch, groups, channels // groups, positions]).permute([1, 2, 0, 3])
+    return x.reshape([groups, channels // groups, batch * positions])
+
+
+def _column_matrix(
+    input: ET, k: list[int], s: list[int], p: list[int], d: list[int], out: list[int], groups: int
+) -> ET:
+    """im2col with the batch folded in: [groups, C / groups * taps, N * positions],
+    rows channel-major then tap, as the weight's [O, C / groups, *k] flattens.
+    One gather of the input (with a zero appended for the padding) through
+    the geometry's index, or the strided input itself for a 1x1 window."""
+    batch, channels, spatial = input.shape[0], input.shape[1], list(input.shape[2:])
+    if _direct(k, p):
+        window = input
+        for axis, (o, ss) in enumerate(zip(out, s)):
+            window = window.slice(2 + axis, 0, (o - 1) * ss + 1, ss)
+        return _by_group(window, groups)
+    flat = input.reshape([math.prod(input.shape)])
+    flat = eng().cat([flat, eng().full(0.0, [1], input.dtype)], 0)
+    index = _window_index(batch, channels, spatial, k, s, p, d, out)
+    taps, positions = math.prod(k), batch * math.prod(out)
+    return flat.gather_rows(index).reshape([groups, channels // groups * taps, positions])
+
+
+def _unfold_batch(y: ET, batch: int, out: list[int]) -> ET:
+    """[groups, O / groups, N * positions] -> [N, O, *out]."""
+    channels = y.shape[0] * y.shape[1]
+    y = y.reshape([channels, batch] + out)
+    return y.permute([1, 0] + list(range(2, 2 + len(out))))
 
 
 def _forward(
     input: ET, weight: ET, s: list[int], p: list[int], d: list[int], out: list[int], groups: int
 ) -> ET:
-    """im2col and one batched matmul with the weight, per group."""
+    """im2col and one matmul with the weight per group, over every sample's
+    columns at once (a matmul per sample is as narrow as one image's output)."""
     k = list(weight.shape[2:])
-    batch, channels = input.shape[0], input.shape[1]
-    cols = _columns(input, k, s, p, d, out)  # [N, C, K, *out]
-    per_group = channels // groups
-    cols = cols.reshape([batch, groups, per_group * math.prod(k), math.prod(out)])
-    w = weight.reshape([1, groups, weight.shape[0] // groups, per_group * math.prod(k)])
-    return w.matmul(cols).reshape([batch, weight.shape[0]] + out)
+    cols = _column_matrix(input, k, s, p, d, out, groups)
+    w = weight.reshape([groups, weight.shape[0] // groups, cols.shape[1]])
+    return _unfold_batch(w.matmul(cols), input.shape[0], out)
 
 
 def _input_gradient(
     grad_output: ET, weight: ET, s: list[int], p: list[int], d: list[int], spatial: list[int], groups: int
 ) -> ET:
     """The gradient of a convolution's input of `spatial` size (channels
-    from the weight) from its output's: the transposed matmul, then col2im."""
+    from the weight) from its output's: the transposed matmul, then col2im,
+    a scatter-add of each column entry to the input position it was read
+    from (padding positions are out of range and add nothing)."""
     k = list(weight.shape[2:])
     taps, out = math.prod(k), list(grad_output.shape[2:])
-    batch, out_per_group = grad_output.shape[0], weight.shape[0] // groups
-    channels = weight.shape[1] * groups
-    gy = grad_output.reshape([batch, groups, out_per_group, math.prod(out)])
-    w = weight.reshape([1, groups, out_per_group, weight.shape[1] * taps]).permute([0, 1, 3, 2])
-    cols = w.matmul(gy).reshape([batch, channels, taps] + out)
-    pieces = (
-        (o, cols.slice(2, i, i + 1, 1).reshape([batch, channels] + out)) for i, o in enumerate(_offsets(k))
-    )
-    padded = [size + 2 * pp for size, pp in zip(spatial, p)]
-    return add_windows_back(pieces, 2, s, d, p, spatial, padded)
+    batch, channels = grad_output.shape[0], weight.shape[1] * groups
+    gy = _by_group(grad_output, groups)
+    w = weight.reshape([groups, weight.shape[0] // groups, weight.shape[1] * taps]).permute([0, 2, 1])
+    cols = w.matmul(gy)  # [groups, C / groups * taps, N * positions]
+    numel = batch * channels * math.prod(spatial)
+    if _direct(k, p) and all(ss == 1 for ss in s):
+        return _unfold_batch(cols, batch, spatial)
+    index = _window_index(batch, channels, spatial, k, s, p, d, out)
+    grad = cols.reshape([math.prod(cols.shape)]).scatter_add_rows(index, numel)
+    return grad.reshape([batch, channels] + spatial)
 
 
 def _weight_gradient(
@@ -181,14 +268,9 @@ def _weight_gradient(
     every (sample, position) pair (a matmul per sample then a sum would
     write the weight's size once per sample)."""
     k, out = weight_shape[2:], list(grad_output.shape[2:])
-    batch, channels = input.shape[0], input.shape[1]
-    per_group, out_per_group, taps = channels // groups, weight_shape[0] // groups, math.prod(k)
-    positions = batch * math.prod(out)
-    cols = _columns(input, k, s, p, d, out).reshape([batch, groups, per_group * taps, math.prod(out)])
-    cols = cols.permute([1, 0, 3, 2]).reshape([groups, positions, per_group * taps])
-    gy = grad_output.reshape([batch, groups, out_per_group, math.prod(out)])
-    rows = gy.permute([1, 2, 0, 3]).reshape([groups, out_per_group, positions])
-    return rows.matmul(cols).reshape(list(weight_shape))
+    cols = _column_matrix(input, k, s, p, d, out, groups)
+    rows = _by_group(grad_output, groups)  # [groups, O / groups, N * positions]
+    return rows.matmul(cols.permute([0, 2, 1])).reshape(list(weight_shape))
 
 
 def convolution(
