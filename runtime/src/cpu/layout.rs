@@ -120,15 +120,24 @@ pub(crate) fn concat(inputs: &[(&HostData, &[usize])], axis: usize) -> Result<Ho
             .scan(0, |at, &(_, block)| Some(std::mem::replace(at, *at + block)))
             .collect();
         T::wrap(build(total, |start, out: &mut [T]| {
+            // Line `o`, offset `w` in it, inside part `j`: found once per
+            // chunk, then advanced block by block.
+            let (mut o, mut w) = (start / line, start % line);
+            let mut j = starts.partition_point(|&s| s <= w) - 1;
             let mut k = 0;
             while k < out.len() {
-                let (o, w) = ((start + k) / line, (start + k) % line);
-                let j = starts.partition_point(|&s| s <= w) - 1;
                 let (d, block) = parts[j];
                 let c = w - starts[j];
                 let run = (block - c).min(out.len() - k);
                 out[k..k + run].copy_from_slice(&d[o * block + c..o * block + c + run]);
                 k += run;
+                w += run;
+                if w == line {
+                    (o, w, j) = (o + 1, 0, 0);
+                }
+                while k < out.len() && w >= starts[j] + parts[j].1 {
+                    j += 1;
+                }
             }
         }))
     }))
