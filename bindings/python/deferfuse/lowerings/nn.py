@@ -10,7 +10,6 @@ import torch
 from .._engine import Tensor as ET
 from ._registry import Unsupported, check_bounds, dt, eng, is_float, lower
 from .lookups import _check_size, _one_hot
-from .windows import constant_pad_nd
 
 
 @lower("_softmax.default")
@@ -220,76 +219,24 @@ def _scatter_to_planes(
     return out.reshape(planes + plane_shape)
 
 
-def _pad_axis(x: ET, axis: int, before: int, after: int) -> ET:
-    """`x` with `before` and `after` zeros along `axis`."""
-    pad = [0] * (2 * (len(x.shape) - axis))
-    pad[-2:] = [before, after]
-    return constant_pad_nd(x, pad)
-
-
-def _place(x: ET, axis: int, start: int, stride: int, size: int) -> ET:
-    """`x` spread along `axis` into `size` positions: its element i lands at
-    `start + i * stride`, zeros everywhere else."""
-    o = x.shape[axis]
-    if stride > 1 and o > 1:
-        shape = list(x.shape)
-        x = _pad_axis(x.reshape(shape[: axis + 1] + [1] + shape[axis + 1 :]), axis + 1, 0, stride - 1)
-        x = x.reshape(shape[:axis] + [o * stride] + shape[axis + 1 :]).slice(axis, 0, (o - 1) * stride + 1, 1)
-    return _pad_axis(x, axis, start, size - start - x.shape[axis])
-
-
-def add_windows_back(
-    pieces: Any, lead: int, s: list[int], d: list[int], p: list[int], spatial: list[int], extent: list[int]
-) -> ET:
-    """col2im: each window tap's `(offset, piece)` spread back to the
-    positions it was read from in the padded extent, summed where windows
-    overlap, the padding cut away."""
-    total = None
-    for offset, piece in pieces:
-        for axis, (ss, dd, off, size) in enumerate(zip(s, d, offset, extent)):
-            piece = _place(piece, lead + axis, off * dd, ss, size)
-        total = piece if total is None else total.binary("add", piece)
-    for axis, (pp, size, full) in enumerate(zip(p, spatial, extent)):
-        if (pp, pp + size) != (0, full):
-            total = total.slice(lead + axis, pp, pp + size, 1)
-    return total
-
-
 def _max_pool_backward(
     grad_output: ET, self: ET, indices: ET, n: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any
 ) -> ET:
     """Each output's gradient added at the input position its index names:
-    per window tap, the gradients whose index is that tap's position, put
-    back in place (col2im)."""
+    one scatter-add into the flattened input, the indices (positions in
+    their plane) offset by their plane's start. An index outside its plane
+    adds nothing."""
     if not is_float(self) or math.prod(self.shape) == 0:
         raise Unsupported("max pooling gradient of an integer or empty tensor")
     planes, spatial = list(self.shape[:-n]), list(self.shape[-n:])
-    k = _pool_param(kernel_size, n, None)
-    s, p, d = _pool_param(stride, n, k), _pool_param(padding, n, 0), _pool_param(dilation, n, 1)
-    out = list(grad_output.shape[-n:])
-    lead = len(planes)
-    # The padded extent every window fits in (ceil_mode's last windows may
-    # reach past the padding).
-    extent = [
-        max(size + 2 * pp, (o - 1) * ss + (kk - 1) * dd + 1)
-        for size, pp, o, ss, kk, dd in zip(spatial, p, out, s, k, d)
-    ]
-    flat = indices.cast("i64")
-
-    def pieces() -> Any:
-        for offset in _offsets(k):
-            position, inside = None, None
-            for axis, (o, ss, dd, off, pp, size) in enumerate(zip(out, s, d, offset, p, spatial)):
-                coord = eng().arange(0, o, 1, "i64").binary("mul", ss).binary("add", off * dd - pp)
-                coord = coord.reshape([1] * axis + [o] + [1] * (n - axis - 1))
-                ok = coord.binary("ge", 0).binary("logical_and", coord.binary("lt", size))
-                term = coord.binary("mul", math.prod(spatial[axis + 1 :]))
-                position = term if position is None else position.binary("add", term)
-                inside = ok if inside is None else inside.binary("logical_and", ok)
-            hit = flat.binary("eq", position).binary("logical_and", inside)
-            yield offset, hit.where_(grad_output, 0.0)
-
-    return add_windows_back(pieces(), lead, s, d, p, spatial, extent)
+    count, size = math.prod(planes), math.prod(spatial)
+    outputs = math.prod(grad_output.shape[-n:])
+    index = indices.cast("i64").reshape([count, outputs])
+    inside = index.binary("ge", 0).binary("logical_and", index.binary("lt", size))
+    start = eng().arange(0, count * size, size, "i64").reshape([count, 1])
+    index = inside.where_(index.binary("add", start), count * size).reshape([count * outputs])
+    grad = grad_output.reshape([count * outputs]).scatter_add_rows(index, count * size)
+    return grad.reshape(planes + spatial)
 
 
 @lower("max_pool2d_with_indices_backward.default")
