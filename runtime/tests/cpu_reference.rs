@@ -461,7 +461,9 @@ fn large_concats_and_row_gathers_agree_with_their_definition() {
         widths.iter().enumerate().map(|(i, &w)| noise(outer * w, i as u64)).collect();
     let got = f32s(&run1(&t, data.iter().cloned().map(HostData::F32).collect()));
     let want: Vec<f32> = (0..outer)
-        .flat_map(|o| data.iter().zip(widths).flat_map(move |(d, w)| d[o * w..(o + 1) * w].to_vec()))
+        .flat_map(|o| {
+            data.iter().zip(widths).flat_map(move |(d, w)| d[o * w..(o + 1) * w].to_vec())
+        })
         .collect();
     assert_eq!(got, want);
 
@@ -475,7 +477,8 @@ fn large_concats_and_row_gathers_agree_with_their_definition() {
         let values = noise(rows * row, 7);
         // Out of range indices read the nearest row.
         let index: Vec<i64> = (0..count as i64).map(|i| (i * 7919) % 1100 - 50).collect();
-        let got = f32s(&run1(&t, vec![HostData::F32(values.clone()), HostData::I64(index.clone())]));
+        let got =
+            f32s(&run1(&t, vec![HostData::F32(values.clone()), HostData::I64(index.clone())]));
         let want: Vec<f32> = index
             .iter()
             .flat_map(|&i| {

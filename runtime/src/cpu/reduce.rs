@@ -70,7 +70,9 @@ fn fold<T: Elem, A: Copy + Send + Sync, O: Elem>(
 }
 
 /// [`fold`] with an initial accumulator per output (`init(output index)`), so
-/// the accumulator can carry per-row context (e.g. a row's maximum).
+/// the accumulator can carry per-row context (e.g. a row's maximum). Parts of
+/// a row are folded from `init` and merged, so `init` must still be the
+/// identity of `merge`.
 pub(crate) fn fold_rows<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Send>(
     data: &[T],
     p: &Plan,
@@ -83,14 +85,35 @@ pub(crate) fn fold_rows<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Sen
         return fold_leading(data, p, init, step, finish);
     }
     let rs = p.red_strides.last().copied().unwrap_or(0);
-    let serial = |acc: A, base: usize, start: usize, len: usize| -> A {
-        let mut acc = acc;
+    // Four interleaved accumulators, merged in a fixed order: a long float
+    // fold is bound by the latency of its adds, not by their throughput (a
+    // short one, by the merges).
+    let serial = |init: A, base: usize, start: usize, len: usize| -> A {
+        if len < 64 {
+            let mut acc = init;
+            walk(&p.red_shape, [&p.red_strides], start, len, |_, [o], run| {
+                for t in 0..run {
+                    acc = step(acc, data[base + o + t * rs].load());
+                }
+            });
+            return acc;
+        }
+        let mut lanes = [init; 4];
         walk(&p.red_shape, [&p.red_strides], start, len, |_, [o], run| {
-            for t in 0..run {
-                acc = step(acc, data[base + o + t * rs].load());
+            let at = |t: usize| data[base + o + t * rs].load();
+            let mut t = 0;
+            while t + 4 <= run {
+                for (j, lane) in lanes.iter_mut().enumerate() {
+                    *lane = step(*lane, at(t + j));
+                }
+                t += 4;
+            }
+            for t in t..run {
+                lanes[0] = step(lanes[0], at(t));
             }
         });
-        acc
+        let [a, b, c, d] = lanes;
+        merge(merge(a, b), merge(c, d))
     };
     let one = |row: usize, base: usize| -> O {
         let init = init(row);
