@@ -5,6 +5,7 @@ fallback."""
 
 import copy
 
+import deferfuse
 import pytest
 import torch
 from helpers import on_tpu
@@ -591,6 +592,25 @@ def test_convolution_backward_matches_cpu(mode, no_fallback, case, mask):
         if a is not None:
             # f32 sums of up to a few hundred products, ordered differently.
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_convolution_is_one_gather_and_one_product_for_the_whole_batch():
+    """A 3x3 padded convolution reads its windows with one gather and
+    multiplies every sample's columns in one product: a handful of kernels,
+    not a slice, reshape and concatenation per window tap (9 taps) or a
+    product per sample (4 samples)."""
+    x, w = torch.randn(4, 8, 10, 10), torch.randn(16, 8, 3, 3)
+    with deferfuse.mode("defer_and_fuse"):
+        xt, wt = x.to("tpu"), w.to("tpu")
+        deferfuse.sync()
+        before = deferfuse.stats()["backend"]["kernels"]
+        got = torch.nn.functional.conv2d(xt, wt, padding=1).cpu()
+        after = deferfuse.stats()["backend"]["kernels"]
+    runs = {kind: after[kind]["runs"] - before[kind]["runs"] for kind in ("single", "loops", "matmul")}
+    assert runs["matmul"] == 1
+    assert runs["single"] + runs["loops"] <= 6, runs
+    assert after["matmul_flops"] - before["matmul_flops"] == 2 * 16 * (8 * 9) * (4 * 10 * 10)
+    torch.testing.assert_close(got, torch.nn.functional.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
 
 
 TRANSPOSED = [
