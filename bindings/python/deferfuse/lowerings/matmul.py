@@ -127,10 +127,11 @@ def im2col(self: ET, kernel_size: Any, dilation: Any, padding: Any, stride: Any)
     return cols if len(self.shape) == 4 else cols.reshape(list(cols.shape[1:]))
 
 
-# Window indices by engine and geometry: a model's convolutions reuse a few
-# dozen, and building one costs more than the gather it drives.
+# Window indices by engine and geometry, least recently used first: a
+# model's convolutions reuse a few dozen, and building one costs more than
+# the gather it drives. They live on the device, so their bytes are capped.
 _INDICES: dict[tuple, ET] = {}
-_INDEX_CACHE = 64
+_INDEX_BYTES = 256 << 20
 
 
 def _window_index(
@@ -151,9 +152,9 @@ def _window_index(
     index = _INDICES.pop(key, None)
     if index is None:
         index = const(_window_positions(batch, channels, spatial, k, s, p, d, out))
-        if len(_INDICES) >= _INDEX_CACHE:
+        while _INDICES and 8 * sum(math.prod(i.shape) for i in _INDICES.values()) > _INDEX_BYTES:
             _INDICES.pop(next(iter(_INDICES)))
-    _INDICES[key] = index  # most recently used last
+    _INDICES[key] = index
     return index
 
 
