@@ -85,24 +85,16 @@ pub(crate) fn fold_rows<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Sen
         return fold_leading(data, p, init, step, finish);
     }
     let rs = p.red_strides.last().copied().unwrap_or(0);
-    // Four interleaved accumulators, merged in a fixed order: a long float
-    // fold is bound by the latency of its adds, not by their throughput (a
-    // short one, by the merges).
+    // A long fold runs four interleaved accumulators, merged in a fixed
+    // order: a float fold is bound by the latency of its adds, not by their
+    // throughput. A short one keeps one (the merges would cost more).
     let serial = |init: A, base: usize, start: usize, len: usize| -> A {
-        if len < 64 {
-            let mut acc = init;
-            walk(&p.red_shape, [&p.red_strides], start, len, |_, [o], run| {
-                for t in 0..run {
-                    acc = step(acc, data[base + o + t * rs].load());
-                }
-            });
-            return acc;
-        }
+        let long = len >= 64;
         let mut lanes = [init; 4];
         walk(&p.red_shape, [&p.red_strides], start, len, |_, [o], run| {
             let at = |t: usize| data[base + o + t * rs].load();
             let mut t = 0;
-            while t + 4 <= run {
+            while long && t + 4 <= run {
                 for (j, lane) in lanes.iter_mut().enumerate() {
                     *lane = step(*lane, at(t + j));
                 }
@@ -113,7 +105,11 @@ pub(crate) fn fold_rows<T: Elem, A: Copy + Send + Sync, O: Default + Clone + Sen
             }
         });
         let [a, b, c, d] = lanes;
-        merge(merge(a, b), merge(c, d))
+        if long {
+            merge(merge(a, b), merge(c, d))
+        } else {
+            a
+        }
     };
     let one = |row: usize, base: usize| -> O {
         let init = init(row);

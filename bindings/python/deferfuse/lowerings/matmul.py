@@ -148,26 +148,19 @@ def _window_index(
     [channel, tap, sample, output position], the flat position of the input
     element it reads, or the input's size where it reads padding. Built once
     per geometry on the CPU and kept on the engine (see `_INDICES`)."""
-    key = (id(eng()), batch, channels, *map(tuple, (spatial, k, s, p, d, out)))
+    geometry = (batch, channels, *map(tuple, (spatial, k, s, p, d, out)))
+    key = (id(eng()), geometry)
     index = _INDICES.pop(key, None)
     if index is None:
-        index = const(_window_positions(batch, channels, spatial, k, s, p, d, out))
+        index = const(_window_positions(geometry))
         while _INDICES and 8 * sum(math.prod(i.shape) for i in _INDICES.values()) > _INDEX_BYTES:
             _INDICES.pop(next(iter(_INDICES)))
     _INDICES[key] = index
     return index
 
 
-def _window_positions(
-    batch: int,
-    channels: int,
-    spatial: list[int],
-    k: list[int],
-    s: list[int],
-    p: list[int],
-    d: list[int],
-    out: list[int],
-) -> torch.Tensor:
+def _window_positions(geometry: tuple) -> torch.Tensor:
+    batch, channels, spatial, k, s, p, d, out = geometry
     rank, size = len(spatial), math.prod(spatial)
     position = torch.zeros([1] * 2 * rank, dtype=torch.int64)  # over [*taps, *outputs]
     inside = torch.ones([1] * 2 * rank, dtype=torch.bool)
@@ -254,10 +247,10 @@ def _input_gradient(
     gy = _by_group(grad_output, groups)
     w = weight.reshape([groups, weight.shape[0] // groups, weight.shape[1] * taps]).permute([0, 2, 1])
     cols = w.matmul(gy)  # [groups, C / groups * taps, N * positions]
-    numel = batch * channels * math.prod(spatial)
     if _direct(k, p) and all(ss == 1 for ss in s):
         return _unfold_batch(cols, batch, spatial)
     index = _window_index(batch, channels, spatial, k, s, p, d, out)
+    numel = batch * channels * math.prod(spatial)
     grad = cols.reshape([math.prod(cols.shape)]).scatter_add_rows(index, numel)
     return grad.reshape([batch, channels] + spatial)
 
