@@ -475,7 +475,6 @@ DECOMPOSED: frozenset[str] = frozenset(
         "aten::narrow_copy",
         "aten::native_batch_norm",
         "aten::native_batch_norm_backward",
-        "aten::native_group_norm_backward",
         "aten::_weight_norm_interface",
         "aten::native_dropout_backward",
         "aten::norm.ScalarOpt_dim",

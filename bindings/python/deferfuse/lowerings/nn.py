@@ -110,6 +110,84 @@ def native_layer_norm_backward(
     return dx, dw, db
 
 
+# Group norm in the layout `[n, group, c / group, hw]`: its statistics reduce
+# the two trailing dimensions and its per-channel weight and bias broadcast as
+# `[1, group, c / group, 1]`, so one loop reads the input and writes the
+# output, with no reshape between. Without these lowerings PyTorch runs its
+# composite forward (a batch norm over a reshaped input, itself decomposed)
+# and its Python backward decomposition, whose recording bounded a UNet
+# training step.
+
+
+def _grouped(x: ET, n: int, c: int, hw: int, group: int) -> ET:
+    if group <= 0 or c % group or math.prod(x.shape) != n * c * hw:
+        raise Unsupported("group_norm's sizes do not match its input")
+    return x.cast("f32").reshape([n, group, c // group, hw])
+
+
+def _per_channel(v: ET, c: int, group: int) -> ET:
+    return v.cast("f32").reshape([1, group, c // group, 1])
+
+
+@lower("native_group_norm.default")
+def native_group_norm(
+    input: ET, weight: ET | None, bias: ET | None, n: int, c: int, hw: int, group: int, eps: float
+) -> tuple[ET, ET, ET]:
+    if not is_float(input):
+        raise Unsupported("group_norm of a non-float tensor")
+    if n == 0:  # an empty batch has empty statistics, as on the CPU
+        empty = eng().full(0.0, [0, group], input.dtype)
+        return input.binary("mul", 1.0), empty, empty
+    x = _grouped(input, n, c, hw, group)
+    mean = x.reduce("mean", [2, 3], True)
+    centered = x.binary("sub", mean)
+    rstd = centered.binary("mul", centered).reduce("mean", [2, 3], True).binary("add", eps).unary("rsqrt")
+    y = centered.binary("mul", rstd)
+    if weight is not None:
+        y = y.binary("mul", _per_channel(weight, c, group))
+    if bias is not None:
+        y = y.binary("add", _per_channel(bias, c, group))
+    stats = [n, group]
+    return (
+        y.reshape(list(input.shape)).cast(input.dtype),
+        mean.reshape(stats).cast(input.dtype),
+        rstd.reshape(stats).cast(input.dtype),
+    )
+
+
+@lower("native_group_norm_backward.default")
+def native_group_norm_backward(
+    grad_out: ET,
+    input: ET,
+    mean: ET,
+    rstd: ET,
+    weight: ET | None,
+    n: int,
+    c: int,
+    hw: int,
+    group: int,
+    output_mask: Any,
+) -> tuple[Any, Any, Any]:
+    if n * c * hw == 0:
+        raise Unsupported("group_norm backward of an empty tensor")
+    x, g = _grouped(input, n, c, hw, group), _grouped(grad_out, n, c, hw, group)
+    m, r = (v.cast("f32").reshape([n, group, 1, 1]) for v in (mean, rstd))
+    xhat = x.binary("sub", m).binary("mul", r)
+    dx = dw = db = None
+    if output_mask[0]:
+        gw = g if weight is None else g.binary("mul", _per_channel(weight, c, group))
+        a = gw.reduce("mean", [2, 3], True)
+        b = gw.binary("mul", xhat).reduce("mean", [2, 3], True)
+        dx = gw.binary("sub", a).binary("sub", xhat.binary("mul", b)).binary("mul", r)
+        dx = dx.reshape(list(input.shape)).cast(input.dtype)
+    param_dtype = input.dtype if weight is None else weight.dtype
+    if output_mask[1] and weight is not None:
+        dw = g.binary("mul", xhat).reduce("sum", [0, 3], False).reshape([c]).cast(param_dtype)
+    if output_mask[2]:
+        db = g.reduce("sum", [0, 3], False).reshape([c]).cast(param_dtype)
+    return dx, dw, db
+
+
 def _pool_param(value: Any, n: int, default: Any) -> list[int]:
     if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
         value = default
