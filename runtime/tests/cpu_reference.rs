@@ -450,7 +450,7 @@ fn concat_along_an_inner_axis() {
 /// Concat and row gathers large enough to run in parallel chunks, which
 /// start and end inside blocks and rows, against index arithmetic.
 #[test]
-fn large_concats_and_row_gathers_agree_with_their_definition() {
+fn large_concats_row_gathers_and_scatter_adds_agree_with_their_definition() {
     let (outer, widths) = (3001usize, [1usize, 0, 70, 5]);
     let mut t = Trace::new();
     let parts: Vec<NodeId> =
@@ -487,6 +487,27 @@ fn large_concats_and_row_gathers_agree_with_their_definition() {
             })
             .collect();
         assert_eq!(got, want, "rows of {row}");
+
+        // The scatter-add back through the same index, split over the cores
+        // by destination row: each row's sum in update order, exactly as one
+        // pass makes it; out of range adds nothing.
+        let mut t = Trace::new();
+        let idx = t.push_parameter(meta(&[count], DType::I64));
+        let upd = t.push_parameter(meta(&[count, row], DType::F32));
+        let s = t.push(Op::ScatterAddRows { rows }, &[idx, upd]).unwrap();
+        t.outputs = vec![s];
+        let updates = noise(count * row, 8);
+        let got =
+            f32s(&run1(&t, vec![HostData::I64(index.clone()), HostData::F32(updates.clone())]));
+        let mut want = vec![0f32; rows * row];
+        for (&i, u) in index.iter().zip(updates.chunks_exact(row)) {
+            if (0..rows as i64).contains(&i) {
+                for (a, &x) in want[i as usize * row..][..row].iter_mut().zip(u) {
+                    *a += x;
+                }
+            }
+        }
+        assert_eq!(got, want, "scatter-add rows of {row}");
     }
 }
 

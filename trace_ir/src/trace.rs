@@ -115,9 +115,21 @@ impl Trace {
         }
     }
 
-    /// Adds the next runtime input.
+    /// Appends the next runtime input (parameter). Parameters are numbered
+    /// in the order they are pushed, so its number is one more than the last
+    /// one's, found from the end: recording a trace op by op reads each node
+    /// once here in all, where counting the parameters walked every node for
+    /// each new one.
     pub fn push_parameter(&mut self, meta: Meta) -> NodeId {
-        let index = self.num_parameters();
+        let index = self
+            .nodes
+            .iter()
+            .rev()
+            .find_map(|n| match n.op {
+                Op::Parameter { index, .. } => Some(index + 1),
+                _ => None,
+            })
+            .unwrap_or(0);
         self.nodes.push(Node {
             op: Op::Parameter { index, shape: meta.shape.clone(), dtype: meta.dtype },
             inputs: SmallVec::new(),

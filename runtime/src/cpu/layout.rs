@@ -1,6 +1,7 @@
 //! Data movement: expand, permute, slice (strided gathers) and concat.
 //! Reshape needs no kernel: the data keeps its order.
 
+use rayon::prelude::*;
 use trace_ir::shape::numel;
 use trace_ir::{Error, Result};
 
@@ -195,6 +196,12 @@ pub(crate) fn gather_rows(
     }))
 }
 
+/// Updates added (index entries times row length) above which
+/// [`scatter_add_rows`] splits its destination rows over the cores: a
+/// convolution's input gradient (one update per window tap and position) is
+/// far above it, a bias gradient's handful of rows far below.
+const PAR_SCATTER_ADDS: usize = 1 << 16;
+
 /// `rows` rows of zeros plus `updates[i]` (of shape `shape`) added to row
 /// `indices[i]`, in order of `i`, in the computing domain of the dtype (f32
 /// for the float types, wrapping i64 for the integers); rows out of range
@@ -210,16 +217,34 @@ pub(crate) fn scatter_add_rows(
         u: &[T],
         row: usize,
         rows: usize,
-        plus: impl Fn(T::D, T::D) -> T::D,
+        plus: impl Fn(T::D, T::D) -> T::D + Sync,
     ) -> Vec<T> {
         let mut acc: Vec<T::D> = vec![T::default().load(); rows * row];
-        for (&i, src) in idx.iter().zip(u.chunks_exact(row.max(1))) {
-            if (0..rows as i64).contains(&i) {
-                let dst = &mut acc[i as usize * row..(i as usize + 1) * row];
-                for (a, &x) in dst.iter_mut().zip(src) {
-                    *a = plus(*a, x.load());
+        // Each task owns a range of destination rows and adds the updates
+        // that land there in update order: every row gets the same sums in
+        // the same order as in one pass, however the rows are split. Each
+        // task reads the whole index, so only large scatters split.
+        let tasks = if row > 0 && idx.len() * row >= PAR_SCATTER_ADDS {
+            rayon::current_num_threads().min(rows)
+        } else {
+            1
+        };
+        let run = |first: usize, dst: &mut [T::D]| {
+            let range = first as i64..(first + dst.len() / row.max(1)) as i64;
+            for (&i, src) in idx.iter().zip(u.chunks_exact(row.max(1))) {
+                if range.contains(&i) {
+                    let at = (i - range.start) as usize * row;
+                    for (a, &x) in dst[at..at + row].iter_mut().zip(src) {
+                        *a = plus(*a, x.load());
+                    }
                 }
             }
+        };
+        if tasks > 1 {
+            let per = rows.div_ceil(tasks);
+            acc.par_chunks_mut(per * row).enumerate().for_each(|(c, dst)| run(c * per, dst));
+        } else {
+            run(0, &mut acc);
         }
         acc.into_iter().map(T::store).collect()
     }
