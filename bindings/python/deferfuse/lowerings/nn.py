@@ -1,4 +1,4 @@
-"""Softmax, LayerNorm, max pooling and the NLL loss, forward and backward."""
+"""Softmax, layer and group norm, max pooling and the NLL loss, forward and backward."""
 
 from __future__ import annotations
 
