@@ -56,6 +56,23 @@ def _norm_axes(x: ET, normalized_shape: Any) -> list[int]:
     return list(range(len(x.shape) - n, len(x.shape)))
 
 
+def _standardize(x: ET, axes: list[int], eps: float) -> tuple[ET, ET, ET]:
+    """`(x - mean) * rstd` over `axes` of an f32 `x`, with the mean and the
+    reciprocal standard deviation (kept dimensions): layer and group norm."""
+    mean = x.reduce("mean", axes, True)
+    centered = x.binary("sub", mean)
+    rstd = centered.binary("mul", centered).reduce("mean", axes, True).binary("add", eps).unary("rsqrt")
+    return centered.binary("mul", rstd), mean, rstd
+
+
+def _standardize_backward(gw: ET, xhat: ET, rstd: ET, axes: list[int]) -> ET:
+    """The gradient through `_standardize` of `gw` (the output's gradient
+    times the weight), in f32."""
+    a = gw.reduce("mean", axes, True)
+    b = gw.binary("mul", xhat).reduce("mean", axes, True)
+    return gw.binary("sub", a).binary("sub", xhat.binary("mul", b)).binary("mul", rstd)
+
+
 @lower("native_layer_norm.default")
 def native_layer_norm(
     input: ET, normalized_shape: Any, weight: ET | None, bias: ET | None, eps: float
@@ -63,11 +80,7 @@ def native_layer_norm(
     if not is_float(input) or math.prod(input.shape) == 0:
         raise Unsupported("layer_norm of a non-float or empty tensor")
     axes = _norm_axes(input, normalized_shape)
-    x = input.cast("f32")
-    mean = x.reduce("mean", axes, True)
-    centered = x.binary("sub", mean)
-    rstd = centered.binary("mul", centered).reduce("mean", axes, True).binary("add", eps).unary("rsqrt")
-    y = centered.binary("mul", rstd)
+    y, mean, rstd = _standardize(input.cast("f32"), axes, eps)
     if weight is not None:
         y = y.binary("mul", weight.cast("f32"))
     if bias is not None:
@@ -93,14 +106,7 @@ def native_layer_norm_backward(
     gw = g.binary("mul", weight.cast("f32")) if weight is not None else g
     dx = None
     if output_mask[0]:
-        a = gw.reduce("mean", axes, True)
-        b = gw.binary("mul", xhat).reduce("mean", axes, True)
-        dx = (
-            gw.binary("sub", a)
-            .binary("sub", xhat.binary("mul", b))
-            .binary("mul", rstd.cast("f32"))
-            .cast(input.dtype)
-        )
+        dx = _standardize_backward(gw, xhat, rstd.cast("f32"), axes).cast(input.dtype)
     dw = (
         g.binary("mul", xhat).reduce("sum", batch, False).cast(weight.dtype)
         if output_mask[1] and weight is not None
@@ -138,11 +144,7 @@ def native_group_norm(
     if n == 0:  # an empty batch has empty statistics, as on the CPU
         empty = eng().full(0.0, [0, group], input.dtype)
         return input.binary("mul", 1.0), empty, empty
-    x = _grouped(input, n, c, hw, group)
-    mean = x.reduce("mean", [2, 3], True)
-    centered = x.binary("sub", mean)
-    rstd = centered.binary("mul", centered).reduce("mean", [2, 3], True).binary("add", eps).unary("rsqrt")
-    y = centered.binary("mul", rstd)
+    y, mean, rstd = _standardize(_grouped(input, n, c, hw, group), [2, 3], eps)
     if weight is not None:
         y = y.binary("mul", _per_channel(weight, c, group))
     if bias is not None:
@@ -176,10 +178,7 @@ def native_group_norm_backward(
     dx = dw = db = None
     if output_mask[0]:
         gw = g if weight is None else g.binary("mul", _per_channel(weight, c, group))
-        a = gw.reduce("mean", [2, 3], True)
-        b = gw.binary("mul", xhat).reduce("mean", [2, 3], True)
-        dx = gw.binary("sub", a).binary("sub", xhat.binary("mul", b)).binary("mul", r)
-        dx = dx.reshape(list(input.shape)).cast(input.dtype)
+        dx = _standardize_backward(gw, xhat, r, [2, 3]).reshape(list(input.shape)).cast(input.dtype)
     param_dtype = input.dtype if weight is None else weight.dtype
     if output_mask[1] and weight is not None:
         dw = g.binary("mul", xhat).reduce("sum", [0, 3], False).reshape([c]).cast(param_dtype)
